@@ -1,0 +1,1 @@
+"""AlexNet training core: models, config, optimizer, training loop, checkpoints, metrics, parallel machinery."""

@@ -1,0 +1,1 @@
+"""Data: ImageNet layouts, batch files, reader, device-side augmentation, loader, synthetic data."""

@@ -1,0 +1,59 @@
+"""Local response normalisation in the form of Krizhevsky et al. (2012).
+
+The paper writes b_i = a_i / (k + alpha * sum_{j in window(i)} a_j^2)^beta, with alpha NOT divided
+by the window size n. torch's ``local_response_norm`` divides alpha by n, so ``LRN`` passes
+``alpha * size`` to it: the result is the paper's formula computed by the framework's own op.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+
+def _check_size(size: int) -> None:
+    # An even window has no centre; the paper's max(0, i - n/2) .. min(N-1, i + n/2) then means
+    # n + 1 channels while torch sums n, so only odd sizes have one unambiguous meaning.
+    if isinstance(size, bool) or not isinstance(size, int) or size < 1 or size % 2 == 0:
+        raise ValueError(f"LRN size must be a positive odd integer, got {size!r}")
+
+
+class LRN(nn.Module):
+    """Cross-channel LRN, paper constants by default (k=2, n=5, alpha=1e-4, beta=0.75)."""
+
+    def __init__(
+        self, size: int = 5, alpha: float = 1e-4, beta: float = 0.75, k: float = 2.0
+    ) -> None:
+        super().__init__()
+        _check_size(size)
+        self.size = size
+        self.alpha = float(alpha)
+        self.beta = float(beta)
+        self.k = float(k)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        # torch computes k + (alpha' / n) * sum: alpha' = alpha * n gives the paper's denominator.
+        alpha = self.alpha * self.size
+        return F.local_response_norm(x, self.size, alpha=alpha, beta=self.beta, k=self.k)
+
+    def extra_repr(self) -> str:
+        return (
+            f"size={self.size}, alpha={self.alpha}, beta={self.beta}, k={self.k}"
+            " (paper form: alpha not divided by size)"
+        )
+
+
+def lrn_reference(
+    x: torch.Tensor, size: int = 5, alpha: float = 1e-4, beta: float = 0.75, k: float = 2.0
+) -> torch.Tensor:
+    """Literal paper formula (for tests): explicit, zero-padded, centred channel-window sum.
+
+    ``x`` is (N, C, ...); channel i sums a_j^2 for j from max(0, i - n//2) to min(C-1, i + n//2).
+    """
+    _check_size(size)
+    half = size // 2
+    squares = (x * x).movedim(1, -1)  # channels last so pad/unfold act on one trailing dim
+    padded = F.pad(squares, (half, half))  # zeros stand in for the channels beyond the edges
+    window_sum = padded.unfold(-1, size, 1).sum(-1).movedim(-1, 1)
+    return x / (k + alpha * window_sum) ** beta

@@ -1,0 +1,11 @@
+"""Write a small synthetic ImageNet-format JPEG tree (thin wrapper around data.synthetic.main)."""
+import sys
+from pathlib import Path
+
+# runnable from any cwd: the repository root is the parent of scripts/
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from data.synthetic import main  # noqa: E402
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,39 @@
+"""Shared fixtures: one small synthetic ImageNet tree and its preprocessed output per test session."""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def run_script(*args: str, timeout: float = 120, env: dict | None = None, **kw) -> subprocess.CompletedProcess:
+    """Run a repository script with this interpreter; output captured as text."""
+    full_env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
+    return subprocess.run([sys.executable, *args], cwd=REPO, capture_output=True, text=True, timeout=timeout,
+                          env=full_env, **kw)
+
+
+@pytest.fixture(scope="session")
+def synth(tmp_path_factory) -> tuple[Path, dict]:
+    """A synthetic ImageNet-format tree (flat val with both label files) with every quirk."""
+    from data.synthetic import generate
+    root = tmp_path_factory.mktemp("synth")
+    manifest = generate(root, num_classes=4, train_per_class=12, val_per_class=4, seed=0,
+                        min_side=48, max_side=160)
+    return root, manifest
+
+
+@pytest.fixture(scope="session")
+def prep(synth, tmp_path_factory) -> tuple[Path, dict]:
+    """`synth` preprocessed at 64x64, 8 images per file, Kaggle val labels."""
+    from data.preprocess import Options, preprocess
+    root, _ = synth
+    out = tmp_path_factory.mktemp("prep")
+    summary = preprocess(root / "train", out, root / "val", root / "LOC_val_solution.csv",
+                         Options(size=64, per_file=8), workers=2, quiet=True)
+    return out, summary

@@ -1,0 +1,111 @@
+"""Checkpoints: atomic writes, last + best + the last N epochs, safe loading.
+
+Every file is written under a temporary name, fsynced and renamed, so a crash (even kill -9) during a
+write leaves the previous file intact. ``last.pt`` always names the newest checkpoint; per-epoch files
+and ``best.pt`` are hard links to the same data where the filesystem allows (no extra space).
+Loading always uses ``torch.load(weights_only=True)``: a checkpoint is data, never code.
+"""
+from __future__ import annotations
+
+import os
+import re
+from pathlib import Path
+
+import torch
+
+EPOCH_FILE = re.compile(r"^epoch_(\d+)\.pt$")
+
+
+class CheckpointError(RuntimeError):
+    """A checkpoint or weights file that cannot be read; names the file."""
+
+
+def _fsync_dir(path: Path) -> None:
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def save_atomic(obj: dict, path: str | os.PathLike) -> None:
+    """torch.save to a temporary file, fsync, then rename over `path`."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        with open(tmp, "wb") as f:
+            torch.save(obj, f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+    _fsync_dir(path.parent)
+
+
+def _link_atomic(src: Path, dst: Path) -> None:
+    """Make `dst` name the same data as `src` (hard link, else copy), atomically."""
+    tmp = dst.with_name(f".{dst.name}.{os.getpid()}.tmp")
+    tmp.unlink(missing_ok=True)
+    try:
+        os.link(src, tmp)
+    except OSError:
+        import shutil
+        shutil.copyfile(src, tmp)
+    os.replace(tmp, dst)
+
+
+def load(path: str | os.PathLike, map_location: str | torch.device = "cpu") -> dict:
+    """Load a checkpoint or state dict safely; CheckpointError names the file on any failure."""
+    path = Path(path)
+    if not path.is_file():
+        raise CheckpointError(f"{path}: no such checkpoint or weights file")
+    try:
+        obj = torch.load(path, map_location=map_location, weights_only=True)
+    except Exception as e:  # truncated zip, pickle with code in it, wrong format: all mean "unusable"
+        raise CheckpointError(f"{path}: cannot be loaded as weights ({type(e).__name__}: {e})") from None
+    if not isinstance(obj, dict):
+        raise CheckpointError(f"{path}: expected a dict (checkpoint or state_dict), got {type(obj).__name__}")
+    return obj
+
+
+class CheckpointDir:
+    """``<run.dir>/checkpoints``: last.pt, best.pt, epoch_NNN.pt (the newest `keep_last` kept)."""
+
+    def __init__(self, root: str | os.PathLike, keep_last: int = 3):
+        self.root = Path(root)
+        self.keep_last = keep_last
+
+    @property
+    def last(self) -> Path:
+        return self.root / "last.pt"
+
+    @property
+    def best(self) -> Path:
+        return self.root / "best.pt"
+
+    def exists(self) -> bool:
+        return self.last.is_file()
+
+    def save(self, state: dict, epoch_done: bool, is_best: bool) -> Path:
+        """Write `state` as last.pt; also as epoch_NNN.pt at an epoch end and as best.pt if best."""
+        self.root.mkdir(parents=True, exist_ok=True)
+        if epoch_done:
+            path = self.root / f"epoch_{state['epoch']:03d}.pt"
+            save_atomic(state, path)
+            _link_atomic(path, self.last)
+        else:
+            save_atomic(state, self.last)
+        if is_best:
+            _link_atomic(self.last, self.best)
+        self._prune()
+        return self.last
+
+    def _prune(self) -> None:
+        epochs = sorted(p for p in self.root.iterdir() if EPOCH_FILE.match(p.name))
+        for old in epochs[:max(0, len(epochs) - self.keep_last)]:
+            old.unlink()

@@ -1,0 +1,238 @@
+"""The training configuration: typed, validated, nested sections; YAML files plus dotted overrides.
+
+The defaults ARE the paper's settings (Krizhevsky 2012 as trained by Ding et al. 2014: batch 256,
+lr 0.01, momentum 0.9, weight decay 5e-4, biases at twice the lr without decay, 65 epochs, lr / 10
+after epochs 25 and 45), so a config file states only what differs.
+
+    cfg = load_config("configs/demo.yaml", ["train.lr=0.02", "train.lr_steps=[5,8]"])
+
+Unknown keys and wrong types fail with :class:`ConfigError`, naming the key and the valid keys.
+"""
+from __future__ import annotations
+
+import dataclasses
+import types
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+
+class ConfigError(ValueError):
+    """A config file or override that cannot be used; names the key."""
+
+
+@dataclass
+class DataConfig:
+    root: str = ""                 # a scripts/preprocess.py output folder
+    crop: int = 227                # side of the (random or center) crop fed to the model
+    random_crop: bool = True       # false: center crop in training too
+    flip: bool = True              # random horizontal flip per image
+    shuffle: bool = True           # false: batch files and images in written order
+    shuffle_window: int = 16       # files mixed together per shuffle window (0: one global permutation)
+    mean: str = "image"            # image: subtract the mean image (paper); channel: (x/255 - mean) / std
+    channel_mean: list[float] = field(default_factory=lambda: [0.485, 0.456, 0.406])
+    channel_std: list[float] = field(default_factory=lambda: [0.229, 0.224, 0.225])
+    loading: str = "inline"        # how batches are prepared: inline (in the trainer)
+    val_batch_size: int = 0        # 0: train.batch_size
+
+
+@dataclass
+class ModelConfig:
+    arch: str = "alexnet"          # alexnet | caffenet | owt
+    width: float = 1.0             # channel multiplier (small demos and tests)
+    dropout: float = 0.5
+    num_classes: int | None = None  # default: the dataset's
+    init: str = "paper"            # paper: N(0, 0.01) etc. as the Theano reproduction; torch: PyTorch's
+
+
+@dataclass
+class TrainConfig:
+    epochs: int = 65
+    batch_size: int = 256          # per replica
+    lr: float = 0.01
+    momentum: float = 0.9
+    nesterov: bool = False
+    weight_decay: float = 5e-4
+    bias_lr_mult: float = 2.0      # biases learn at twice the rate ...
+    bias_decay_mult: float = 0.0   # ... and are not decayed
+    lr_policy: str = "step"        # step | auto | cosine | constant
+    lr_steps: list[int] = field(default_factory=lambda: [25, 45])  # step: lr *= lr_gamma after these epochs
+    lr_gamma: float = 0.1
+    lr_auto_threshold: float = 0.01  # auto: lr *= lr_gamma when val top-1 error improved less than this ...
+    lr_auto_patience: int = 2      # ... over this many epochs
+    lr_min: float = 0.0            # cosine: the final lr
+    warmup_epochs: float = 0.0     # linear warmup, per step
+    warmup_start_factor: float | None = None  # warmup starts at this x lr (default: 0)
+    seed: int = 0
+    precision: str = "fp32"        # fp32 | tf32 | bf16 (autocast)
+    channels_last: bool = False
+    compile: bool = False          # torch.compile the model
+    log_every: int = 20            # steps between train records and progress-bar updates
+    val_every: int = 1             # epochs between validations
+    max_steps: int = 0             # stop after this many steps in total (0: no limit; smoke tests)
+
+
+@dataclass
+class RunConfig:
+    dir: str = "runs/default"
+    keep_last: int = 3             # per-epoch checkpoints kept besides last.pt and best.pt
+    save_every_steps: int = 0      # also checkpoint every N steps mid-epoch (0: only at epoch ends)
+    device: str = "auto"           # auto (cuda if present) | cpu | cuda | cuda:N
+    progress: bool = True          # tqdm progress bar
+    tensorboard: bool = True       # event files, when tensorboard is installed
+
+
+@dataclass
+class Config:
+    data: DataConfig = field(default_factory=DataConfig)
+    model: ModelConfig = field(default_factory=ModelConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+    run: RunConfig = field(default_factory=RunConfig)
+
+
+CHOICES: dict[str, tuple] = {
+    "data.mean": ("image", "channel"),
+    "data.loading": ("inline",),
+    "model.arch": ("alexnet", "caffenet", "owt"),
+    "model.init": ("paper", "torch"),
+    "train.lr_policy": ("step", "auto", "cosine", "constant"),
+    "train.precision": ("fp32", "tf32", "bf16"),
+}
+POSITIVE = ("data.crop", "train.epochs", "train.batch_size", "train.log_every", "train.val_every",
+            "train.lr_auto_patience", "model.width")
+NON_NEGATIVE = ("data.shuffle_window", "data.val_batch_size", "train.lr", "train.momentum", "train.weight_decay",
+                "train.bias_lr_mult", "train.bias_decay_mult", "train.lr_min", "train.warmup_epochs",
+                "train.max_steps", "train.lr_auto_threshold", "run.keep_last", "run.save_every_steps")
+
+
+def _sections(cfg: Config) -> dict[str, Any]:
+    return {f.name: getattr(cfg, f.name) for f in dataclasses.fields(cfg)}
+
+
+def _coerce(key: str, value: Any, hint: Any) -> Any:
+    """`value` as the annotated type, or ConfigError naming the key."""
+    origin, args = typing.get_origin(hint), typing.get_args(hint)
+    if origin in (typing.Union, types.UnionType):
+        if value is None and type(None) in args:
+            return None
+        return _coerce(key, value, next(a for a in args if a is not type(None)))
+    if origin is list:
+        if not isinstance(value, (list, tuple)):
+            raise ConfigError(f"{key} must be a list, got {value!r}")
+        return [_coerce(f"{key}[{i}]", v, args[0]) for i, v in enumerate(value)]
+    ok = {bool: lambda v: isinstance(v, bool),
+          int: lambda v: isinstance(v, int) and not isinstance(v, bool),
+          float: lambda v: isinstance(v, (int, float)) and not isinstance(v, bool),
+          str: lambda v: isinstance(v, str)}[hint]
+    if not ok(value):
+        raise ConfigError(f"{key} must be {hint.__name__}, got {value!r} ({type(value).__name__})")
+    return float(value) if hint is float else value
+
+
+def apply(cfg: Config, updates: dict[str, Any], source: str) -> None:
+    """Set nested `updates` ({section: {key: value}} or {"section.key": value}) onto `cfg` in place."""
+    for top, value in updates.items():
+        if "." in top:
+            section, key = top.split(".", 1)
+            apply(cfg, {section: {key: value}}, source)
+            continue
+        sections = _sections(cfg)
+        if top not in sections:
+            raise ConfigError(f"{source}: unknown section {top!r}; valid sections: {', '.join(sections)}")
+        if not isinstance(value, dict):
+            raise ConfigError(f"{source}: {top} must be a mapping of keys, got {value!r}")
+        section = sections[top]
+        hints = typing.get_type_hints(type(section))
+        for key, v in value.items():
+            if key not in hints:
+                raise ConfigError(f"{source}: unknown key {top}.{key}; valid keys of {top}: {', '.join(hints)}")
+            setattr(section, key, _coerce(f"{top}.{key}", v, hints[key]))
+
+
+def get(cfg: Config, dotted: str) -> Any:
+    section, key = dotted.split(".", 1)
+    return getattr(getattr(cfg, section), key)
+
+
+def validate(cfg: Config) -> None:
+    """Value checks that types cannot express."""
+    for key, allowed in CHOICES.items():
+        if get(cfg, key) not in allowed:
+            raise ConfigError(f"{key} must be one of {', '.join(map(str, allowed))}, got {get(cfg, key)!r}")
+    for key in POSITIVE:
+        if not get(cfg, key) > 0:
+            raise ConfigError(f"{key} must be positive, got {get(cfg, key)!r}")
+    for key in NON_NEGATIVE:
+        if get(cfg, key) < 0:
+            raise ConfigError(f"{key} must not be negative, got {get(cfg, key)!r}")
+    if not 0 <= cfg.model.dropout < 1:
+        raise ConfigError(f"model.dropout must be in [0, 1), got {cfg.model.dropout}")
+    if cfg.train.lr_steps != sorted(cfg.train.lr_steps):
+        raise ConfigError(f"train.lr_steps must be increasing, got {cfg.train.lr_steps}")
+    if len(cfg.data.channel_mean) != 3 or len(cfg.data.channel_std) != 3 or min(cfg.data.channel_std) <= 0:
+        raise ConfigError("data.channel_mean and data.channel_std must be 3 values each, std positive")
+    if cfg.model.num_classes is not None and cfg.model.num_classes < 1:
+        raise ConfigError(f"model.num_classes must be positive, got {cfg.model.num_classes}")
+    if not cfg.data.root:
+        raise ConfigError("data.root is not set: point it to a scripts/preprocess.py output folder")
+
+
+def parse_override(text: str) -> tuple[str, Any]:
+    """'train.lr=0.02' -> ('train.lr', 0.02); the value is read as YAML (lists, null, true)."""
+    key, sep, raw = text.partition("=")
+    if not sep or "." not in key:
+        raise ConfigError(f"override {text!r} must look like section.key=value (e.g. train.lr=0.02)")
+    try:
+        return key.strip(), yaml.safe_load(raw) if raw.strip() else ""
+    except yaml.YAMLError as e:
+        raise ConfigError(f"override {text!r}: value is not valid YAML ({e})") from None
+
+
+def load_config(path: str | Path | None, overrides: list[str] = ()) -> Config:
+    """Defaults, then the YAML file, then the overrides; validated."""
+    cfg = Config()
+    if path is not None:
+        path = Path(path)
+        if not path.is_file():
+            raise ConfigError(f"config file {path} does not exist")
+        try:
+            data = yaml.safe_load(path.read_text()) or {}
+        except yaml.YAMLError as e:
+            raise ConfigError(f"{path}: not valid YAML ({e})") from None
+        if not isinstance(data, dict):
+            raise ConfigError(f"{path}: the top level must be a mapping of sections")
+        apply(cfg, data, str(path))
+    for text in overrides:
+        key, value = parse_override(text)
+        apply(cfg, {key: value}, "command line")
+    validate(cfg)
+    return cfg
+
+
+def to_dict(cfg: Config) -> dict:
+    return dataclasses.asdict(cfg)
+
+
+def from_dict(data: dict) -> Config:
+    """A Config from to_dict() output (e.g. stored in a checkpoint), checked like a file."""
+    cfg = Config()
+    apply(cfg, data, "stored config")
+    return cfg
+
+
+def dump_yaml(cfg: Config) -> str:
+    return yaml.safe_dump(to_dict(cfg), sort_keys=False, default_flow_style=None)
+
+
+def differences(cfg: Config, base: Config | None = None) -> dict[str, Any]:
+    """Dotted keys whose value differs from `base` (default: the defaults): the short summary."""
+    a, b = to_dict(cfg), to_dict(base or Config())
+    return {f"{s}.{k}": v for s in a for k, v in a[s].items() if b[s][k] != v}
+
+
+def summary(cfg: Config) -> str:
+    """One line per setting that differs from the paper defaults."""
+    return "\n".join(f"  {k} = {v}" for k, v in differences(cfg).items()) or "  (paper defaults)"

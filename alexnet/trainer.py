@@ -1,0 +1,332 @@
+"""The training loop of one replica: train_one_epoch, evaluate, checkpoints, exact resume.
+
+State that makes a resumed run identical to an uninterrupted one: the weights, the velocities, the LR
+policy's state, the position (epoch, step), the dropout RNG of every rank and the partial metric
+sums of the current logging window. The data order and the crops are pure functions of (seed, epoch,
+position), so they need no state at all.
+"""
+from __future__ import annotations
+
+import contextlib
+import math
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from data.augment import random_bits
+from data.layouts import DataError
+from data.loader import InlineLoader, LoaderSpec
+from data.reader import load_meta
+
+from .checkpoint import CheckpointDir, load
+from .config import Config, ConfigError, to_dict
+from .distributed import DistInfo, print0
+from .metrics import Meter, MetricsLog
+from .models import build_model
+from .optim import LRSchedule, build_optimizer
+
+CHECKPOINT_KIND = "alexnet-checkpoint"
+_NO_BAD_STEP = 2**62
+# Keys a checkpoint and the current config must agree on to resume (the model's shape and the data).
+RESUME_KEYS = (("model", "arch"), ("model", "width"), ("model", "num_classes"), ("data", "crop"), ("data", "mean"))
+
+
+class NonFiniteLoss(RuntimeError):
+    """The loss became NaN or inf; the run stops without writing a checkpoint."""
+
+
+class StopFlag:
+    """Set by a signal handler; the loop checks it between steps and stops after a checkpoint."""
+
+    def __init__(self) -> None:
+        self.signum: int | None = None
+
+    def request(self, signum: int) -> None:
+        self.signum = signum
+
+    @property
+    def requested(self) -> bool:
+        return self.signum is not None
+
+
+def loader_spec(cfg: Config, dist: DistInfo, splits: tuple[str, ...]) -> LoaderSpec:
+    d = cfg.data
+    return LoaderSpec(root=d.root, batch_size=cfg.train.batch_size,
+                      val_batch_size=d.val_batch_size or cfg.train.batch_size, crop=d.crop, rank=dist.rank,
+                      world=dist.world, seed=cfg.train.seed, shuffle=d.shuffle, shuffle_window=d.shuffle_window,
+                      random_crop=d.random_crop, flip=d.flip, mean=d.mean, channel_mean=tuple(d.channel_mean),
+                      channel_std=tuple(d.channel_std), device=str(dist.device),
+                      channels_last=cfg.train.channels_last, splits=splits)
+
+
+def make_loader(cfg: Config, spec: LoaderSpec):
+    return InlineLoader(spec)
+
+
+def dropout_seed(seed: int, rank: int) -> int:
+    """Each replica's own dropout stream, derived from the run's seed."""
+    return int(random_bits(seed, 0, np.array([rank]), stream=7)[0] >> np.uint64(1))
+
+
+def rng_state(device: torch.device) -> dict:
+    state = {"cpu": torch.get_rng_state()}
+    if device.type == "cuda":
+        state["cuda"] = torch.cuda.get_rng_state(device)
+    return state
+
+
+def set_rng_state(state: dict, device: torch.device) -> None:
+    torch.set_rng_state(state["cpu"])
+    if device.type == "cuda" and "cuda" in state:
+        torch.cuda.set_rng_state(state["cuda"], device)
+
+
+def resolve_num_classes(cfg: Config, meta: dict) -> int:
+    data_classes = int(meta["num_classes"])
+    if cfg.model.num_classes is not None and cfg.model.num_classes != data_classes:
+        raise ConfigError(f"model.num_classes={cfg.model.num_classes} but {cfg.data.root} has {data_classes} "
+                          "classes; remove model.num_classes to use the dataset's")
+    if cfg.data.crop > int(meta["image_size"]):
+        raise ConfigError(f"data.crop={cfg.data.crop} is larger than the images of {cfg.data.root} "
+                          f"({meta['image_size']}x{meta['image_size']})")
+    return data_classes
+
+
+class Trainer:
+    """One replica's model, optimizer, schedule, loader and run directory."""
+
+    def __init__(self, cfg: Config, dist: DistInfo, stop: StopFlag | None = None):
+        self.cfg, self.dist, self.stop = cfg, dist, stop or StopFlag()
+        self.device = dist.device
+        self.meta = load_meta(cfg.data.root)
+        self.num_classes = resolve_num_classes(cfg, self.meta)
+        self.has_val = "val" in self.meta["splits"]
+        self._configure_backends()
+        self.model = self._build_model()
+        self.forward = torch.compile(self.model) if cfg.train.compile else self.model
+        self.optimizer = build_optimizer(self.model, cfg.train)
+        torch.manual_seed(dropout_seed(cfg.train.seed, dist.rank))
+        self.loader = make_loader(cfg, loader_spec(cfg, dist, ("train", "val") if self.has_val else ("train",)))
+        self.steps_per_epoch = self.loader.steps("train")
+        self.schedule = LRSchedule(cfg.train, self.steps_per_epoch)
+        self.ckpt = CheckpointDir(Path(cfg.run.dir) / "checkpoints", cfg.run.keep_last)
+        self.log = MetricsLog(cfg.run.dir, cfg.run.tensorboard) if dist.is_main else None
+        self.meter = Meter(self.device)
+        self.first_bad = torch.full((), _NO_BAD_STEP, dtype=torch.int64, device=self.device)
+        self.epoch = self.step = self.global_step = 0  # next: step `step` of 0-based epoch `epoch`
+        self.best_err, self.elapsed_before, self.t0 = math.inf, 0.0, time.perf_counter()
+        self.last_val: dict | None = None
+
+    # -- setup ---------------------------------------------------------------------------------------
+
+    def _configure_backends(self) -> None:
+        tf32 = self.cfg.train.precision == "tf32"
+        torch.backends.cuda.matmul.allow_tf32 = tf32
+        torch.backends.cudnn.allow_tf32 = tf32
+        if self.device.type == "cuda":
+            torch.backends.cudnn.benchmark = True
+
+    def _build_model(self) -> torch.nn.Module:
+        m = self.cfg.model
+        torch.manual_seed(self.cfg.train.seed)  # the same initial weights on every replica
+        model = build_model(m.arch, self.num_classes, m.width, m.dropout, self.cfg.data.crop, m.init)
+        model = model.to(self.device)
+        if self.cfg.train.channels_last:
+            model = model.to(memory_format=torch.channels_last)
+        return model
+
+    def autocast(self):
+        if self.cfg.train.precision == "bf16":
+            return torch.autocast(self.device.type, dtype=torch.bfloat16)
+        return contextlib.nullcontext()
+
+    def elapsed(self) -> float:
+        return self.elapsed_before + time.perf_counter() - self.t0
+
+    # -- the loop ------------------------------------------------------------------------------------
+
+    def fit(self) -> dict:
+        """Train (or resume) to train.epochs; returns the last validation metrics (or {})."""
+        self.resume()
+        t = self.cfg.train
+        if self.epoch >= t.epochs:
+            print0(self.dist, f"run {self.cfg.run.dir} already finished {self.epoch} epochs")
+            return self.last_val or {}
+        try:
+            while self.epoch < t.epochs:
+                if not self.train_one_epoch(self.epoch, self.step):
+                    return self.last_val or {}
+                self.end_epoch()
+        finally:
+            self.close()
+        return self.last_val or {}
+
+    def end_epoch(self) -> None:
+        """Validate if due, let the LR policy react, checkpoint, and move to the next epoch."""
+        done = self.epoch + 1
+        is_best = False
+        if self.has_val and (done % self.cfg.train.val_every == 0 or done == self.cfg.train.epochs):
+            self.last_val = self.evaluate(done)
+            is_best = self.last_val["top1_err"] < self.best_err
+            self.best_err = min(self.best_err, self.last_val["top1_err"])
+            if self.schedule.on_validation(done, self.last_val["top1_err"]):
+                print0(self.dist, f"lr policy auto: lr x {self.cfg.train.lr_gamma} from epoch {done + 1}")
+        self.epoch, self.step = done, 0
+        self.save(epoch_done=True, is_best=is_best)
+
+    def train_one_epoch(self, epoch: int, start: int) -> bool:
+        """Steps start.. of `epoch`; False if it stopped early (signal or train.max_steps)."""
+        self.model.train()
+        bar = self._bar(epoch, start)
+        window = (time.perf_counter(), 0)
+        try:
+            for batch in self.loader.batches("train", epoch, start):
+                lr = self.schedule.apply(self.optimizer, self.global_step)
+                self.train_step(batch.x, batch.y)
+                self.step, self.global_step = batch.step + 1, self.global_step + 1
+                window = (window[0], window[1] + batch.n * self.dist.world)
+                bar.update(1)
+                if self.step % self.cfg.train.log_every == 0 or self.step == self.steps_per_epoch:
+                    self._log_train(epoch, lr, window, bar)
+                    window = (time.perf_counter(), 0)
+                if self._should_stop():
+                    self.save(epoch_done=False)
+                    return False
+                if self.cfg.run.save_every_steps and self.global_step % self.cfg.run.save_every_steps == 0:
+                    self.save(epoch_done=False)
+        finally:
+            bar.close()
+        return True
+
+    def _should_stop(self) -> bool:
+        limit = self.cfg.train.max_steps
+        return self.stop.requested or bool(limit and self.global_step >= limit)
+
+    def train_step(self, x: torch.Tensor, y: torch.Tensor) -> None:
+        with self.autocast():
+            logits = self.forward(x)
+        loss = F.cross_entropy(logits.float(), y)
+        loss.backward()
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        self.meter.update(loss, logits.detach(), y)
+        step = torch.full((), self.global_step, dtype=torch.int64, device=self.device)
+        self.first_bad = torch.where(torch.isfinite(loss.detach()), self.first_bad, torch.minimum(self.first_bad, step))
+
+    def check_finite(self) -> None:
+        """Raise NonFiniteLoss naming the first step whose loss was NaN or inf (one host sync)."""
+        bad = int(self.first_bad)
+        if bad != _NO_BAD_STEP:
+            epoch, it = divmod(bad, self.steps_per_epoch)
+            raise NonFiniteLoss(f"the loss became NaN or inf at step {bad + 1} (epoch {epoch + 1}, iteration "
+                                f"{it + 1}); stopped without saving, so {self.ckpt.last} is the last good "
+                                "checkpoint (lower train.lr, or check the data)")
+
+    def reduce(self, sums: torch.Tensor) -> torch.Tensor:
+        """Sum a metrics vector over replicas (identity for one replica)."""
+        return sums
+
+    def _log_train(self, epoch: int, lr: float, window: tuple[float, int], bar) -> None:
+        self.check_finite()
+        stats = Meter.summarize(self.reduce(self.meter.sums.clone()))
+        self.meter.reset()
+        seconds = max(time.perf_counter() - window[0], 1e-9)
+        record = {"split": "train", "epoch": epoch + 1, "iter": self.global_step, **stats, "lr": lr,
+                  "img_per_s": window[1] / seconds, "time": self.elapsed()}
+        self.write(record)
+        bar.set_postfix(loss=f"{stats['loss']:.3f}", top1=f"{1 - stats['top1_err']:.3f}",
+                        img_s=f"{record['img_per_s']:.0f}", lr=f"{lr:.2g}", refresh=False)
+
+    @torch.no_grad()
+    def evaluate(self, epoch: int) -> dict:
+        """Center-crop top-1/top-5 error over the whole validation split (sharded, exact counts)."""
+        self.model.eval()
+        meter, start, n = Meter(self.device), time.perf_counter(), 0
+        bar = self._bar(epoch - 1, 0, split="val")
+        for batch in self.loader.batches("val", 0):
+            with self.autocast():
+                logits = self.forward(batch.x)
+            meter.update(F.cross_entropy(logits.float(), batch.y), logits, batch.y)
+            n += batch.n
+            bar.update(1)
+        bar.close()
+        self.model.train()
+        stats = Meter.summarize(self.reduce(meter.sums))
+        record = {"split": "val", "epoch": epoch, "iter": self.global_step, **stats,
+                  "lr": self.schedule.lr_at(max(self.global_step - 1, 0)),
+                  "img_per_s": stats["n"] / max(time.perf_counter() - start, 1e-9), "time": self.elapsed()}
+        self.write(record)
+        print0(self.dist, f"epoch {epoch}: val loss {stats['loss']:.4f}, top-1 error {stats['top1_err']:.4f}, "
+                          f"top-5 error {stats['top5_err']:.4f} ({stats['n']} images)")
+        return record
+
+    def write(self, record: dict) -> None:
+        if self.log is not None:
+            self.log.write(record)
+
+    def _bar(self, epoch: int, start: int, split: str = "train"):
+        from tqdm import tqdm
+        total = self.loader.steps(split)
+        desc = f"epoch {epoch + 1}/{self.cfg.train.epochs}" if split == "train" else "  val"
+        return tqdm(total=total, initial=start, desc=desc, unit="it", leave=split == "train", dynamic_ncols=True,
+                    disable=not (self.dist.is_main and self.cfg.run.progress))
+
+    # -- checkpoints -----------------------------------------------------------------------------------
+
+    def state_dict(self) -> dict:
+        return {"kind": CHECKPOINT_KIND, "version": 1, "model": self.model.state_dict(),
+                "optimizer": self.optimizer.state_dict(), "schedule": self.schedule.state_dict(),
+                "epoch": self.epoch, "step": self.step, "global_step": self.global_step,
+                "best_top1_err": self.best_err, "elapsed": self.elapsed(), "meter": self.meter.sums.cpu(),
+                "rng": [rng_state(self.device)], "world": self.dist.world, "config": to_dict(self.cfg),
+                "num_classes": self.num_classes, "classes": list(self.meta["classes"])}
+
+    def save(self, epoch_done: bool, is_best: bool = False) -> None:
+        """Checkpoint (rank 0 writes); never after a non-finite loss."""
+        self.check_finite()
+        state = self.state_dict()
+        if self.dist.is_main:
+            path = self.ckpt.save(state, epoch_done, is_best)
+            if not epoch_done:
+                print0(self.dist, f"checkpoint at epoch {self.epoch + 1}, step {self.step}: {path}")
+
+    def resume(self) -> None:
+        """Continue from <run.dir>/checkpoints/last.pt if it exists."""
+        if not self.ckpt.exists():
+            return
+        state = load(self.ckpt.last, map_location=self.device)
+        self._check_compatible(state)
+        self.model.load_state_dict(state["model"])
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.schedule.load_state_dict(state["schedule"])
+        self.epoch, self.step, self.global_step = state["epoch"], state["step"], state["global_step"]
+        self.best_err, self.elapsed_before = state["best_top1_err"], state["elapsed"]
+        self.meter.sums.copy_(state["meter"])
+        ranks = state["rng"]
+        if self.dist.rank < len(ranks):
+            set_rng_state(ranks[self.dist.rank], self.device)
+        if self.log is not None:
+            self.log.truncate_after(self.global_step)
+        print0(self.dist, f"resumed from {self.ckpt.last}: epoch {self.epoch + 1}, step {self.step} "
+                          f"(global step {self.global_step})")
+
+    def _check_compatible(self, state: dict) -> None:
+        if state.get("kind") != CHECKPOINT_KIND:
+            raise DataError(f"{self.ckpt.last} is not a training checkpoint of this repository")
+        saved = state["config"]
+        for section, key in RESUME_KEYS:
+            was, now = saved[section][key], getattr(getattr(self.cfg, section), key)
+            if was != now and not (key == "num_classes" and now is None):
+                raise ConfigError(f"{self.ckpt.last} was trained with {section}.{key}={was!r}, this config has "
+                                  f"{now!r}; use another run.dir or the same setting")
+        if state["step"] and state["step"] >= self.steps_per_epoch:
+            raise ConfigError(f"{self.ckpt.last} stopped at step {state['step']} of an epoch, but an epoch now "
+                              f"has {self.steps_per_epoch} steps (batch size or data changed)")
+
+    def close(self) -> None:
+        self.loader.close()
+        if self.log is not None:
+            self.log.close()

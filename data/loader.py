@@ -1,0 +1,128 @@
+"""Turning batch files into ready device batches.
+
+:class:`BatchMaker` is the one piece of code that prepares a batch: read the replica's share of a step
+from the batch files, move the uint8 images to the device, crop, flip and subtract the mean there.
+The loaders only decide *where* it runs: ``inline`` calls it in the trainer between steps.
+"""
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+
+from .augment import Normalizer, center_crops, train_crops
+from .reader import BatchReader, SplitData
+
+
+@dataclass(frozen=True)
+class LoaderSpec:
+    """Everything a loader needs, as plain data (it crosses process boundaries)."""
+
+    root: str
+    batch_size: int
+    val_batch_size: int
+    crop: int
+    rank: int = 0
+    world: int = 1
+    seed: int = 0
+    shuffle: bool = True
+    shuffle_window: int = 16
+    random_crop: bool = True
+    flip: bool = True
+    mean: str = "image"
+    channel_mean: tuple = (0.485, 0.456, 0.406)
+    channel_std: tuple = (0.229, 0.224, 0.225)
+    device: str = "cpu"
+    channels_last: bool = False
+    splits: tuple = field(default=("train", "val"))
+
+
+@dataclass
+class Batch:
+    """One prepared batch: float images N x 3 x crop x crop and int64 labels, on the device."""
+
+    x: torch.Tensor
+    y: torch.Tensor
+    step: int
+
+    @property
+    def n(self) -> int:
+        return int(self.y.shape[0])
+
+
+class BatchMaker:
+    """Reads and prepares the batches of one replica (see the module docstring)."""
+
+    def __init__(self, spec: LoaderSpec):
+        self.spec = spec
+        self.device = torch.device(spec.device)
+        self.readers: dict[str, BatchReader] = {}
+        for split in spec.splits:
+            data = SplitData(spec.root, split)
+            train = split == "train"
+            self.readers[split] = BatchReader(
+                data, spec.batch_size if train else spec.val_batch_size, rank=spec.rank, world=spec.world,
+                shuffle=spec.shuffle and train, seed=spec.seed, window=spec.shuffle_window, drop_last=train)
+        first = next(iter(self.readers.values())).data
+        self.size = first.image_size
+        mean_image = first.mean_image() if spec.mean == "image" else None
+        self.normalize = Normalizer(spec.mean, mean_image, spec.channel_mean, spec.channel_std, self.device)
+
+    def steps(self, split: str) -> int:
+        return self.readers[split].steps_per_epoch()
+
+    def crops(self, split: str, epoch: int, positions: np.ndarray):
+        s = self.spec
+        if split == "train":
+            return train_crops(s.seed, epoch, positions, self.size, s.crop, s.random_crop, s.flip)
+        return center_crops(len(positions), self.size, s.crop)
+
+    def read(self, split: str, epoch: int, step: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Host side: uint8 images, labels and epoch positions of this replica's share of `step`."""
+        reader = self.readers[split]
+        positions = reader.positions(step)
+        images, labels = reader.data.read(reader.order(epoch)[positions])
+        return images, labels, positions
+
+    def to_device(self, split: str, epoch: int, images: np.ndarray, labels: np.ndarray, positions: np.ndarray,
+                  out: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """Device side: crop, flip and normalise into `out` (or a new tensor)."""
+        nb = self.device.type == "cuda"
+        x8 = torch.from_numpy(images)
+        if nb:
+            x8 = x8.pin_memory()
+        x8 = x8.to(self.device, non_blocking=nb)
+        x = self.normalize(x8, self.crops(split, epoch, positions), self.spec.crop, out=out)
+        if out is None and not self.spec.channels_last:
+            x = x.contiguous()
+        return x, torch.from_numpy(labels).to(self.device, non_blocking=nb)
+
+    def make(self, split: str, epoch: int, step: int) -> Batch:
+        images, labels, positions = self.read(split, epoch, step)
+        x, y = self.to_device(split, epoch, images, labels, positions)
+        return Batch(x, y, step)
+
+
+class InlineLoader:
+    """``data.loading: inline``: each batch is prepared in the trainer, right before its step.
+
+    The paper's "parallel loading: no" row: reading and preparing the next batch does not overlap
+    with computing the current one.
+    """
+
+    def __init__(self, spec: LoaderSpec):
+        self.maker = BatchMaker(spec)
+
+    def steps(self, split: str) -> int:
+        return self.maker.steps(split)
+
+    def batches(self, split: str, epoch: int, start: int = 0) -> Iterator[Batch]:
+        for step in range(start, self.steps(split)):
+            batch = self.maker.make(split, epoch, step)
+            if batch.n:
+                yield batch
+
+    def close(self) -> None:
+        pass

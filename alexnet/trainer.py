@@ -84,6 +84,34 @@ def set_rng_state(state: dict, device: torch.device) -> None:
         torch.cuda.set_rng_state(state["cuda"], device)
 
 
+def configure_backends(precision: str, device: torch.device) -> None:
+    """tf32 matmuls/convolutions only for precision tf32; cuDNN autotuning on GPUs."""
+    tf32 = precision == "tf32"
+    torch.backends.cuda.matmul.allow_tf32 = tf32
+    torch.backends.cudnn.allow_tf32 = tf32
+    if device.type == "cuda":
+        torch.backends.cudnn.benchmark = True
+
+
+def autocast_for(precision: str, device: torch.device):
+    """bf16 autocast for precision bf16; fp32 and tf32 run without autocast."""
+    if precision == "bf16":
+        return torch.autocast(device.type, dtype=torch.bfloat16)
+    return contextlib.nullcontext()
+
+
+def sgd_step(forward, optimizer: torch.optim.Optimizer, x: torch.Tensor, y: torch.Tensor, autocast
+             ) -> tuple[torch.Tensor, torch.Tensor]:
+    """One forward, backward and update; returns (loss, logits), both detached, nothing synchronised."""
+    with autocast:
+        logits = forward(x)
+    loss = F.cross_entropy(logits.float(), y)
+    loss.backward()
+    optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+    return loss.detach(), logits.detach()
+
+
 def resolve_num_classes(cfg: Config, meta: dict) -> int:
     data_classes = int(meta["num_classes"])
     if cfg.model.num_classes is not None and cfg.model.num_classes != data_classes:
@@ -104,7 +132,7 @@ class Trainer:
         self.meta = load_meta(cfg.data.root)
         self.num_classes = resolve_num_classes(cfg, self.meta)
         self.has_val = "val" in self.meta["splits"]
-        self._configure_backends()
+        configure_backends(cfg.train.precision, self.device)
         self.model = self._build_model()
         self.forward = torch.compile(self.model) if cfg.train.compile else self.model
         self.optimizer = build_optimizer(self.model, cfg.train)
@@ -122,13 +150,6 @@ class Trainer:
 
     # -- setup ---------------------------------------------------------------------------------------
 
-    def _configure_backends(self) -> None:
-        tf32 = self.cfg.train.precision == "tf32"
-        torch.backends.cuda.matmul.allow_tf32 = tf32
-        torch.backends.cudnn.allow_tf32 = tf32
-        if self.device.type == "cuda":
-            torch.backends.cudnn.benchmark = True
-
     def _build_model(self) -> torch.nn.Module:
         m = self.cfg.model
         torch.manual_seed(self.cfg.train.seed)  # the same initial weights on every replica
@@ -139,9 +160,7 @@ class Trainer:
         return model
 
     def autocast(self):
-        if self.cfg.train.precision == "bf16":
-            return torch.autocast(self.device.type, dtype=torch.bfloat16)
-        return contextlib.nullcontext()
+        return autocast_for(self.cfg.train.precision, self.device)
 
     def elapsed(self) -> float:
         return self.elapsed_before + time.perf_counter() - self.t0
@@ -206,15 +225,10 @@ class Trainer:
         return self.stop.requested or bool(limit and self.global_step >= limit)
 
     def train_step(self, x: torch.Tensor, y: torch.Tensor) -> None:
-        with self.autocast():
-            logits = self.forward(x)
-        loss = F.cross_entropy(logits.float(), y)
-        loss.backward()
-        self.optimizer.step()
-        self.optimizer.zero_grad(set_to_none=True)
-        self.meter.update(loss, logits.detach(), y)
+        loss, logits = sgd_step(self.forward, self.optimizer, x, y, self.autocast())
+        self.meter.update(loss, logits, y)
         step = torch.full((), self.global_step, dtype=torch.int64, device=self.device)
-        self.first_bad = torch.where(torch.isfinite(loss.detach()), self.first_bad, torch.minimum(self.first_bad, step))
+        self.first_bad = torch.where(torch.isfinite(loss), self.first_bad, torch.minimum(self.first_bad, step))
 
     def check_finite(self) -> None:
         """Raise NonFiniteLoss naming the first step whose loss was NaN or inf (one host sync)."""

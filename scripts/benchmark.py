@@ -2,10 +2,15 @@
 """Benchmarks, each measured side by side in one run and reported as a table (and JSON with --json).
 
     python scripts/benchmark.py preprocess [--images 600] [--workers N]
+    python scripts/benchmark.py train [--batch-size 256] [--arch alexnet] [--device auto]
 
 preprocess: JPEG decode-to-256 images/s per worker with and without Pillow's draft mode (same files,
 same process), then the whole preprocessing pipeline with 1 worker and with all workers, on a
 generated tree whose image sizes follow ImageNet's (shorter side 333-800 pixels).
+
+train: training img/s of the model fed one constant on-device batch (no data loading), for each
+precision (fp32, tf32, bf16) x channels_last off/on, with the time per 20 iterations (the paper's
+Table 1 unit). Warm-up steps first; the median of --repeat timed runs of --steps steps.
 """
 from __future__ import annotations
 
@@ -65,6 +70,73 @@ def bench_preprocess(args) -> dict:
             "draft_speedup": round(rows[0]["img_per_s"] / rows[1]["img_per_s"], 2), "rows": rows}
 
 
+def _timed_steps(step, steps: int, device, repeat: int) -> float:
+    """Median seconds for `steps` calls of step(), device work included."""
+    import statistics
+
+    import torch
+    times = []
+    for _ in range(repeat):
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        start = time.perf_counter()
+        for _ in range(steps):
+            step()
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+def constant_batch_step(arch: str, width: float, crop: int, batch: int, precision: str, channels_last: bool,
+                        device, compile_model: bool = False):
+    """A closure running one training step on a fixed random batch already on `device`."""
+    import torch
+
+    from alexnet.config import TrainConfig
+    from alexnet.models import build_model
+    from alexnet.optim import build_optimizer
+    from alexnet.trainer import autocast_for, configure_backends, sgd_step
+    torch.manual_seed(0)
+    configure_backends(precision, device)
+    fmt = torch.channels_last if channels_last else torch.contiguous_format
+    model = build_model(arch, 1000, width, 0.5, crop).to(device).to(memory_format=fmt)
+    opt = build_optimizer(model, TrainConfig())
+    forward = torch.compile(model) if compile_model else model
+    x = torch.randn(batch, 3, crop, crop, device=device).contiguous(memory_format=fmt)
+    y = torch.randint(0, 1000, (batch,), device=device)
+    return lambda: sgd_step(forward, opt, x, y, autocast_for(precision, device))
+
+
+def bench_train(args) -> dict:
+    from alexnet.distributed import pick_device
+    device = pick_device(args.device)
+    crop = args.crop or (224 if args.arch == "owt" else 227)
+    rows = []
+    for precision in args.precisions:
+        for cl in (False, True):
+            step = constant_batch_step(args.arch, args.width, crop, args.batch_size, precision, cl, device,
+                                       args.compile)
+            for _ in range(args.warmup):
+                step()
+            seconds = _timed_steps(step, args.steps, device, args.repeat)
+            rows.append({"precision": precision, "channels_last": cl,
+                         "img_per_s": round(args.batch_size * args.steps / seconds, 1),
+                         "s_per_20_iter": round(seconds * 20 / args.steps, 3)})
+    base = rows[0]["img_per_s"]
+    for r in rows:
+        r["vs_fp32"] = round(r["img_per_s"] / base, 2)
+    return {"benchmark": "train", "device": _device_name(device), "arch": args.arch, "width": args.width,
+            "crop": crop, "batch_size": args.batch_size, "compile": args.compile, "rows": rows}
+
+
+def _device_name(device) -> str:
+    import torch
+    if device.type == "cuda":
+        return torch.cuda.get_device_name(device)
+    return f"cpu ({len(os.sched_getaffinity(0))} cores, torch {torch.__version__})"
+
+
 def _last_seconds(out: Path) -> float:
     return json.loads((out / "report.json").read_text())["last_run"]["seconds"]
 
@@ -75,10 +147,22 @@ def main(argv: list[str] | None = None) -> int:
     pp = sub.add_parser("preprocess", help="JPEG decode and batch-file writing speed")
     pp.add_argument("--images", type=int, default=600, help="training images to generate (default 600)")
     pp.add_argument("--workers", type=int, default=None, help="pool size of the 'all workers' row")
-    for s in (pp,):
+    pt = sub.add_parser("train", help="training img/s on a constant on-device batch, precision x channels_last")
+    pt.add_argument("--arch", default="alexnet", choices=("alexnet", "caffenet", "owt"))
+    pt.add_argument("--width", type=float, default=1.0)
+    pt.add_argument("--crop", type=int, default=0, help="default: 227 (224 for owt)")
+    pt.add_argument("--batch-size", type=int, default=256)
+    pt.add_argument("--precisions", nargs="+", default=["fp32", "tf32", "bf16"])
+    pt.add_argument("--compile", action="store_true", help="torch.compile the model")
+    for s in (pt,):
+        s.add_argument("--device", default="auto")
+        s.add_argument("--steps", type=int, default=20, help="timed steps per repeat")
+        s.add_argument("--warmup", type=int, default=5)
+        s.add_argument("--repeat", type=int, default=3)
+    for s in (pp, pt):
         s.add_argument("--json", help="also write the results to this JSON file")
     args = p.parse_args(argv)
-    result = {"preprocess": bench_preprocess}[args.what](args)
+    result = {"preprocess": bench_preprocess, "train": bench_train}[args.what](args)
     print(_table(result["rows"], list(result["rows"][0].keys())))
     print({k: v for k, v in result.items() if k != "rows"})
     if args.json:

@@ -37,3 +37,23 @@ def prep(synth, tmp_path_factory) -> tuple[Path, dict]:
     summary = preprocess(root / "train", out, root / "val", root / "LOC_val_solution.csv",
                          Options(size=64, per_file=8), workers=2, quiet=True)
     return out, summary
+
+
+@pytest.fixture(scope="session")
+def train_data(synth, tmp_path_factory) -> Path:
+    """`synth` preprocessed at 72x72 (alexnet's smallest crop is 67), 16 images per file."""
+    from data.preprocess import Options, preprocess
+    root, _ = synth
+    out = tmp_path_factory.mktemp("train_data")
+    preprocess(root / "train", out, root / "val", root / "val.txt", Options(size=72, per_file=16),
+               workers=2, quiet=True)
+    return out
+
+
+def tiny_overrides(data_root: Path, run_dir: Path, **extra) -> list[str]:
+    """Dotted overrides for a seconds-long alexnet run on `train_data`."""
+    base = {"data.root": str(data_root), "data.crop": 67, "model.width": 0.125, "model.init": "torch",
+            "train.batch_size": 8, "train.epochs": 2, "train.log_every": 2, "train.lr_steps": [1],
+            "run.dir": str(run_dir), "run.progress": False, "run.tensorboard": False}
+    base.update(extra)
+    return [f"{k}={v}" for k, v in base.items()]

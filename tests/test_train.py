@@ -1,0 +1,208 @@
+"""train.py end to end on CPU: resume equivalence, crash-safe checkpoints, NaN stop, input errors, learning."""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+
+import train
+from alexnet.checkpoint import load
+from alexnet.metrics import read_metrics
+from tests.conftest import REPO, run_script, tiny_overrides
+
+VOLATILE = ("time", "img_per_s")  # wall-clock fields: the only ones allowed to differ between runs
+
+
+def stable(records: list[dict]) -> list[dict]:
+    return [{k: v for k, v in r.items() if k not in VOLATILE} for r in records]
+
+
+def assert_same_weights(a: Path, b: Path) -> None:
+    sa, sb = load(a), load(b)
+    for key in sa["model"]:
+        assert torch.equal(sa["model"][key], sb["model"][key]), key
+    va, vb = sa["optimizer"]["state"], sb["optimizer"]["state"]
+    assert va.keys() == vb.keys() and va
+    for k in va:
+        assert torch.equal(va[k]["velocity"], vb[k]["velocity"]), k
+
+
+def test_writes_run_directory(train_data, tmp_path):
+    run = tmp_path / "run"
+    args = tiny_overrides(train_data, run, **{"train.epochs": 1, "data.val_batch_size": 5})
+    assert train.main(["configs/demo.yaml", *args]) == 0
+    cfg = yaml.safe_load((run / "config.yaml").read_text())
+    assert cfg["data"]["crop"] == 67 and cfg["train"]["batch_size"] == 8 and cfg["train"]["momentum"] == 0.9
+    records = read_metrics(run / "metrics.jsonl")
+    for r in records:
+        assert {"split", "epoch", "iter", "loss", "top1_err", "top5_err", "lr", "img_per_s", "time"} <= r.keys()
+    assert [r["split"] for r in records].count("val") == 1
+    val = next(r for r in records if r["split"] == "val")
+    n_val = json.loads((train_data / "meta.json").read_text())["splits"]["val"]["count"]
+    assert val["n"] == n_val and n_val % 5  # every image counted once, the short last batch included
+    assert (run / "checkpoints" / "last.pt").is_file() and (run / "checkpoints" / "epoch_001.pt").is_file()
+    assert (run / "checkpoints" / "best.pt").is_file()
+
+
+def test_resume_equals_uninterrupted(train_data, tmp_path):
+    """2 epochs straight == 1 epoch, then the same command again to 2: same weights, same metrics."""
+    straight, split = tmp_path / "straight", tmp_path / "split"
+    assert train.main(["configs/demo.yaml", *tiny_overrides(train_data, straight)]) == 0
+    assert train.main(["configs/demo.yaml", *tiny_overrides(train_data, split, **{"train.epochs": 1})]) == 0
+    assert train.main(["configs/demo.yaml", *tiny_overrides(train_data, split)]) == 0
+    assert_same_weights(straight / "checkpoints" / "last.pt", split / "checkpoints" / "last.pt")
+    a, b = read_metrics(straight / "metrics.jsonl"), read_metrics(split / "metrics.jsonl")
+    assert stable(a) == stable(b) and len(a) > 4
+    # the lr step after epoch 1 took effect in both (lr_steps: [1])
+    assert {r["lr"] for r in a if r["split"] == "train" and r["epoch"] == 2} == {0.01 * 0.1}
+
+
+def test_mid_epoch_stop_resumes_identically(train_data, tmp_path):
+    """train.max_steps stops mid-epoch with a checkpoint; the same command continues exactly."""
+    straight, split = tmp_path / "straight", tmp_path / "split"
+    assert train.main(["configs/demo.yaml", *tiny_overrides(train_data, straight, **{"train.log_every": 4})]) == 0
+    args = tiny_overrides(train_data, split, **{"train.log_every": 4})
+    assert train.main(["configs/demo.yaml", *args, "train.max_steps=3"]) == 0
+    state = load(split / "checkpoints" / "last.pt")
+    assert (state["epoch"], state["step"], state["global_step"]) == (0, 3, 3)
+    assert train.main(["configs/demo.yaml", *args]) == 0
+    assert_same_weights(straight / "checkpoints" / "last.pt", split / "checkpoints" / "last.pt")
+    assert stable(read_metrics(straight / "metrics.jsonl")) == stable(read_metrics(split / "metrics.jsonl"))
+
+
+def test_finished_run_rerun_does_nothing(train_data, tmp_path, capsys):
+    run = tmp_path / "run"
+    args = ["configs/demo.yaml", *tiny_overrides(train_data, run, **{"train.epochs": 1})]
+    assert train.main(args) == 0
+    before = (run / "checkpoints" / "last.pt").stat().st_mtime_ns
+    assert train.main(args) == 0
+    assert "already finished" in capsys.readouterr().out
+    assert (run / "checkpoints" / "last.pt").stat().st_mtime_ns == before
+
+
+KILL_IN_SAVE = """
+import os, signal, sys
+sys.path.insert(0, {repo!r})
+import torch
+import alexnet.checkpoint as ck
+calls = []
+_save = torch.save
+def dying_save(obj, f, *a, **k):
+    calls.append(1)
+    if len(calls) == 2:          # the second checkpoint: write half of it, then die mid-write
+        f.write(b"PK" + os.urandom(4096))
+        f.flush()
+        os.kill(os.getpid(), signal.SIGKILL)
+    return _save(obj, f, *a, **k)
+ck.torch.save = dying_save
+import train
+sys.exit(train.main(sys.argv[1:]))
+"""
+
+
+def test_kill_during_checkpoint_write_keeps_previous(train_data, tmp_path):
+    run = tmp_path / "run"
+    args = ["configs/demo.yaml", *tiny_overrides(train_data, run)]
+    proc = subprocess.run([sys.executable, "-c", KILL_IN_SAVE.format(repo=str(REPO)), *args], cwd=REPO,
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == -signal.SIGKILL, proc.stderr
+    state = load(run / "checkpoints" / "last.pt")  # still loadable: the epoch-1 checkpoint
+    assert state["epoch"] == 1 and state["step"] == 0
+    assert list((run / "checkpoints").glob(".*.tmp"))  # the half-written file kept its temporary name
+    r = run_script("train.py", *args, timeout=300)  # the same command resumes and finishes
+    assert r.returncode == 0, r.stderr
+    assert load(run / "checkpoints" / "last.pt")["epoch"] == 2
+
+
+def test_nan_loss_stops_naming_the_step(train_data, tmp_path, monkeypatch, capsys):
+    run = tmp_path / "run"
+    args = ["configs/demo.yaml", *tiny_overrides(train_data, run)]
+    assert train.main([*args, "train.epochs=1"]) == 0
+    good = (run / "checkpoints" / "last.pt").read_bytes()
+    import alexnet.trainer as tr
+    calls, real = [], tr.F.cross_entropy
+
+    def poisoned(logits, y, *a, **k):
+        calls.append(1)
+        loss = real(logits, y, *a, **k)
+        return loss * float("nan") if len(calls) == 3 else loss  # the 3rd train step of epoch 2
+
+    monkeypatch.setattr(tr.F, "cross_entropy", poisoned)
+    assert train.main(args) == 1
+    err = capsys.readouterr().err
+    assert "NaN or inf at step 9 (epoch 2, iteration 3)" in err, err
+    assert (run / "checkpoints" / "last.pt").read_bytes() == good  # the last good checkpoint is untouched
+    assert not (run / "checkpoints" / "epoch_002.pt").exists()
+
+
+def test_missing_data_root_fails_before_training(tmp_path):
+    r = run_script("train.py", "configs/demo.yaml", f"data.root={tmp_path / 'nope'}", f"run.dir={tmp_path / 'r'}")
+    assert r.returncode == 2 and "does not exist" in r.stderr and "nope" in r.stderr
+    assert not (tmp_path / "r" / "checkpoints").exists()
+
+
+def test_num_classes_mismatch_fails_before_training(train_data, tmp_path):
+    r = run_script("train.py", "configs/demo.yaml", *tiny_overrides(train_data, tmp_path / "r"),
+                   "model.num_classes=1000")
+    assert r.returncode == 2 and "model.num_classes=1000" in r.stderr and "4 classes" in r.stderr
+
+
+@pytest.mark.parametrize("bad, expect", [("train.lrr=0.1", "unknown key train.lrr"),
+                                         ("train.lr=fast", "train.lr must be float"),
+                                         ("model.arch=vgg", "model.arch must be one of")])
+def test_bad_config_fails_at_start(tmp_path, bad, expect):
+    r = run_script("train.py", "configs/demo.yaml", bad, f"run.dir={tmp_path / 'r'}")
+    assert r.returncode == 2 and expect in r.stderr, r.stderr
+
+
+def test_sigint_writes_checkpoint_and_resumes(train_data, tmp_path):
+    """Ctrl-C mid-epoch: exit 130 after a checkpoint; the same command continues identically."""
+    hook = """
+import os, signal, sys
+sys.path.insert(0, {repo!r})
+import alexnet.trainer as tr
+_step = tr.Trainer.train_step
+def step(self, x, y):
+    _step(self, x, y)
+    if self.global_step == 3:   # Ctrl-C arrives during the 4th step
+        os.kill(os.getpid(), signal.SIGINT)
+tr.Trainer.train_step = step
+import train
+sys.exit(train.main(sys.argv[1:]))
+"""
+    straight, split = tmp_path / "straight", tmp_path / "split"
+    assert train.main(["configs/demo.yaml", *tiny_overrides(train_data, straight)]) == 0
+    args = ["configs/demo.yaml", *tiny_overrides(train_data, split)]
+    proc = subprocess.run([sys.executable, "-c", hook.format(repo=str(REPO)), *args], cwd=REPO,
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 130, proc.stderr
+    assert load(split / "checkpoints" / "last.pt")["global_step"] == 4
+    assert run_script("train.py", *args, timeout=300).returncode == 0
+    assert_same_weights(straight / "checkpoints" / "last.pt", split / "checkpoints" / "last.pt")
+    assert stable(read_metrics(straight / "metrics.jsonl")) == stable(read_metrics(split / "metrics.jsonl"))
+
+
+def test_demo_config_learns(tmp_path):
+    """configs/demo.yaml on freshly generated 10-class data: validation error far below chance (0.9)."""
+    from data.preprocess import Options, preprocess
+    from data.synthetic import generate
+    src, data = tmp_path / "src", tmp_path / "data"
+    generate(src, num_classes=10, train_per_class=100, val_per_class=20, seed=0)
+    preprocess(src / "train", data, src / "val", src / "LOC_val_solution.csv", Options(size=128, per_file=128),
+               workers=2, quiet=True)
+    run = tmp_path / "run"
+    r = run_script("train.py", "configs/demo.yaml", f"data.root={data}", f"run.dir={run}", "run.progress=false",
+                   timeout=240)
+    assert r.returncode == 0, r.stderr
+    val = [x for x in read_metrics(run / "metrics.jsonl") if x["split"] == "val"]
+    assert val[-1]["top1_err"] < 0.5, val[-1]
+    assert val[-1]["top1_err"] < val[0]["top1_err"]
+    assert json.loads((data / "meta.json").read_text())["num_classes"] == 10
+    assert os.path.getsize(run / "checkpoints" / "best.pt") > 0

@@ -22,6 +22,7 @@ from alexnet.distributed import DistInfo, print0, setup
 from alexnet.trainer import NonFiniteLoss, StopFlag, Trainer
 from data.batchfile import atomic_write_bytes
 from data.layouts import DataError
+from data.slot_loader import LoaderError
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -64,7 +65,7 @@ def main(argv: list[str] | None = None) -> int:
     except (ConfigError, DataError) as e:
         print(f"train.py: error: {e}", file=sys.stderr)
         return 2
-    except NonFiniteLoss as e:
+    except (NonFiniteLoss, LoaderError) as e:
         print(f"train.py: error: {e}", file=sys.stderr)
         return 1
     if stop.requested:

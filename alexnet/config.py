@@ -35,7 +35,10 @@ class DataConfig:
     mean: str = "image"            # image: subtract the mean image (paper); channel: (x/255 - mean) / std
     channel_mean: list[float] = field(default_factory=lambda: [0.485, 0.456, 0.406])
     channel_std: list[float] = field(default_factory=lambda: [0.229, 0.224, 0.225])
-    loading: str = "inline"        # how batches are prepared: inline (in the trainer)
+    loading: str = "process"       # process: a loader process per trainer fills shared device slots while
+                                   # the trainer computes; thread: the same in a thread; inline: no overlap
+    slots: int = 3                 # process/thread: batches prepared ahead (>= 2)
+    loader_timeout: float = 300.0  # seconds without a batch before the loader is declared hung
     val_batch_size: int = 0        # 0: train.batch_size
 
 
@@ -95,14 +98,14 @@ class Config:
 
 CHOICES: dict[str, tuple] = {
     "data.mean": ("image", "channel"),
-    "data.loading": ("inline",),
+    "data.loading": ("process", "thread", "inline"),
     "model.arch": ("alexnet", "caffenet", "owt"),
     "model.init": ("paper", "torch"),
     "train.lr_policy": ("step", "auto", "cosine", "constant"),
     "train.precision": ("fp32", "tf32", "bf16"),
 }
-POSITIVE = ("data.crop", "train.epochs", "train.batch_size", "train.log_every", "train.val_every",
-            "train.lr_auto_patience", "model.width")
+POSITIVE = ("data.crop", "data.loader_timeout", "train.epochs", "train.batch_size", "train.log_every",
+            "train.val_every", "train.lr_auto_patience", "model.width")
 NON_NEGATIVE = ("data.shuffle_window", "data.val_batch_size", "train.lr", "train.momentum", "train.weight_decay",
                 "train.bias_lr_mult", "train.bias_decay_mult", "train.lr_min", "train.warmup_epochs",
                 "train.max_steps", "train.lr_auto_threshold", "run.keep_last", "run.save_every_steps")
@@ -168,6 +171,8 @@ def validate(cfg: Config) -> None:
     for key in NON_NEGATIVE:
         if get(cfg, key) < 0:
             raise ConfigError(f"{key} must not be negative, got {get(cfg, key)!r}")
+    if cfg.data.slots < 2:
+        raise ConfigError(f"data.slots must be at least 2, got {cfg.data.slots}")
     if not 0 <= cfg.model.dropout < 1:
         raise ConfigError(f"model.dropout must be in [0, 1), got {cfg.model.dropout}")
     if cfg.train.lr_steps != sorted(cfg.train.lr_steps):

@@ -20,6 +20,7 @@ from data.augment import random_bits
 from data.layouts import DataError
 from data.loader import InlineLoader, LoaderSpec
 from data.reader import load_meta
+from data.slot_loader import SlotLoader
 
 from .checkpoint import CheckpointDir, load
 from .config import Config, ConfigError, to_dict
@@ -63,7 +64,10 @@ def loader_spec(cfg: Config, dist: DistInfo, splits: tuple[str, ...]) -> LoaderS
 
 
 def make_loader(cfg: Config, spec: LoaderSpec):
-    return InlineLoader(spec)
+    """The configured loader: inline, or a loader thread/process filling shared slots."""
+    if cfg.data.loading == "inline":
+        return InlineLoader(spec)
+    return SlotLoader(spec, cfg.data.loading, cfg.data.slots, cfg.data.loader_timeout)
 
 
 def dropout_seed(seed: int, rank: int) -> int:

@@ -1,8 +1,10 @@
 """Turning batch files into ready device batches.
 
 :class:`BatchMaker` is the one piece of code that prepares a batch: read the replica's share of a step
-from the batch files, move the uint8 images to the device, crop, flip and subtract the mean there.
-The loaders only decide *where* it runs: ``inline`` calls it in the trainer between steps.
+from the batch files, stage the uint8 images in pinned host memory, copy them to the device, and crop,
+flip and subtract the mean there. The loaders only decide *where* it runs: ``inline`` calls it in the
+trainer between steps; ``thread`` and ``process`` (:mod:`data.slot_loader`) run it concurrently with
+the trainer and hand over the result in shared device memory.
 """
 from __future__ import annotations
 
@@ -52,23 +54,66 @@ class Batch:
         return int(self.y.shape[0])
 
 
+class Stager:
+    """Host-to-device copies through two pinned buffers, so a copy never waits for the disk read.
+
+    A pinned buffer is reused only after the device finished copying out of it (an event per buffer);
+    with two buffers that wait is normally already over.
+    """
+
+    def __init__(self, device: torch.device, batch: int, size: int):
+        self.device, self.cuda = device, device.type == "cuda"
+        if self.cuda:
+            self.images = [torch.empty((batch, size, size, 3), dtype=torch.uint8).pin_memory() for _ in range(2)]
+            self.labels = [torch.empty(batch, dtype=torch.int64).pin_memory() for _ in range(2)]
+            self.copied = [torch.cuda.Event() for _ in range(2)]
+            self.turn = 0
+
+    def upload(self, images: np.ndarray, labels: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
+        """uint8 images and int64 labels on the device (asynchronous on the current stream for CUDA)."""
+        if not self.cuda:
+            return torch.from_numpy(images), torch.from_numpy(labels)
+        n, j = len(labels), self.turn
+        self.copied[j].synchronize()
+        host_x, host_y = self.images[j][:n], self.labels[j][:n]
+        host_x.numpy()[...] = images
+        host_y.numpy()[...] = labels
+        x = host_x.to(self.device, non_blocking=True)
+        y = host_y.to(self.device, non_blocking=True)
+        self.copied[j].record()
+        self.turn = 1 - j
+        return x, y
+
+
+def make_readers(spec: LoaderSpec) -> dict[str, BatchReader]:
+    """This replica's reader of each split: train shuffled and cut to whole global batches, val exact."""
+    readers = {}
+    for split in spec.splits:
+        train = split == "train"
+        readers[split] = BatchReader(
+            SplitData(spec.root, split), spec.batch_size if train else spec.val_batch_size, rank=spec.rank,
+            world=spec.world, shuffle=spec.shuffle and train, seed=spec.seed, window=spec.shuffle_window,
+            drop_last=train)
+    return readers
+
+
+def count_steps(spec: LoaderSpec) -> dict[str, int]:
+    """Steps per epoch of each split (reads meta.json only)."""
+    return {split: r.steps_per_epoch() for split, r in make_readers(spec).items()}
+
+
 class BatchMaker:
     """Reads and prepares the batches of one replica (see the module docstring)."""
 
     def __init__(self, spec: LoaderSpec):
         self.spec = spec
         self.device = torch.device(spec.device)
-        self.readers: dict[str, BatchReader] = {}
-        for split in spec.splits:
-            data = SplitData(spec.root, split)
-            train = split == "train"
-            self.readers[split] = BatchReader(
-                data, spec.batch_size if train else spec.val_batch_size, rank=spec.rank, world=spec.world,
-                shuffle=spec.shuffle and train, seed=spec.seed, window=spec.shuffle_window, drop_last=train)
+        self.readers = make_readers(spec)
         first = next(iter(self.readers.values())).data
         self.size = first.image_size
         mean_image = first.mean_image() if spec.mean == "image" else None
         self.normalize = Normalizer(spec.mean, mean_image, spec.channel_mean, spec.channel_std, self.device)
+        self.stager = Stager(self.device, max(spec.batch_size, spec.val_batch_size), self.size)
 
     def steps(self, split: str) -> int:
         return self.readers[split].steps_per_epoch()
@@ -88,16 +133,12 @@ class BatchMaker:
 
     def to_device(self, split: str, epoch: int, images: np.ndarray, labels: np.ndarray, positions: np.ndarray,
                   out: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-        """Device side: crop, flip and normalise into `out` (or a new tensor)."""
-        nb = self.device.type == "cuda"
-        x8 = torch.from_numpy(images)
-        if nb:
-            x8 = x8.pin_memory()
-        x8 = x8.to(self.device, non_blocking=nb)
+        """Device side: upload, then crop, flip and normalise into `out` (or a new tensor)."""
+        x8, y = self.stager.upload(images, labels)
         x = self.normalize(x8, self.crops(split, epoch, positions), self.spec.crop, out=out)
         if out is None and not self.spec.channels_last:
             x = x.contiguous()
-        return x, torch.from_numpy(labels).to(self.device, non_blocking=nb)
+        return x, y
 
     def make(self, split: str, epoch: int, step: int) -> Batch:
         images, labels, positions = self.read(split, epoch, step)

@@ -1,0 +1,168 @@
+"""The parallel loader: identical batches in every mode, slot protocol, failure and lifecycle."""
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+import torch
+
+import train
+from alexnet.metrics import read_metrics
+from data.loader import InlineLoader, LoaderSpec
+from data.procs import child_pids
+from data.slot_loader import LoaderError, SlotLoader
+from tests.conftest import REPO, tiny_overrides
+from tests.test_train import assert_same_weights, stable
+
+
+def spec_for(root, **kw) -> LoaderSpec:
+    base = {"root": str(root), "batch_size": 8, "val_batch_size": 5, "crop": 67, "seed": 3}
+    base.update(kw)
+    return LoaderSpec(**base)
+
+
+def collect(loader, split, epoch, start=0):
+    return [(b.step, b.x.clone(), b.y.clone()) for b in loader.batches(split, epoch, start)]
+
+
+@pytest.mark.parametrize("mode", ["thread", "process"])
+def test_same_batches_as_inline(train_data, mode):
+    spec = spec_for(train_data, channels_last=mode == "thread")
+    inline, slot = InlineLoader(spec), SlotLoader(spec, mode, k=2)
+    try:
+        for split, epoch, start in (("train", 0, 0), ("val", 0, 0), ("train", 1, 2), ("train", 1, 0)):
+            want, got = collect(inline, split, epoch, start), collect(slot, split, epoch, start)
+            assert [w[0] for w in want] == [g[0] for g in got] and want
+            for (_, wx, wy), (_, gx, gy) in zip(want, got):
+                assert torch.equal(wx, gx) and torch.equal(wy, gy)
+    finally:
+        slot.close()
+
+
+@pytest.mark.parametrize("mode", ["thread", "process"])
+def test_stopping_early_then_a_new_job(train_data, mode):
+    loader = SlotLoader(spec_for(train_data), mode, k=3)
+    try:
+        first = next(iter(loader.batches("train", 0)))  # the consumer leaves after one batch
+        assert first.step == 0
+        it = loader.batches("train", 0, 4)
+        assert next(it).step == 4
+        it.close()
+        assert [b.step for b in loader.batches("val", 0)] == list(range(loader.steps("val")))
+    finally:
+        loader.close()
+    assert not loader.worker.is_alive()
+
+
+def test_loader_error_is_reported_with_the_file(train_data, tmp_path):
+    root = tmp_path / "data"
+    shutil.copytree(train_data, root)
+    victim = root / "train" / "00001.h5"
+    victim.write_bytes(victim.read_bytes()[:2000])
+    loader = SlotLoader(spec_for(root, shuffle=False), "process", k=2)
+    try:
+        with pytest.raises(LoaderError, match="00001.h5") as err:
+            for _ in loader.batches("train", 0):
+                pass
+        assert "loader process" in str(err.value)
+    finally:
+        loader.close()
+
+
+def test_trainer_gets_an_error_when_the_loader_is_killed(train_data):
+    loader = SlotLoader(spec_for(train_data), "process", k=2)
+    try:
+        it = loader.batches("train", 0)
+        next(it)
+        os.kill(loader.worker.pid, signal.SIGKILL)
+        start = time.monotonic()
+        with pytest.raises(LoaderError, match=r"killed by signal 9"):
+            for _ in it:
+                pass
+        assert time.monotonic() - start < 10
+    finally:
+        loader.close()
+
+
+@pytest.mark.parametrize("mode", ["thread", "process"])
+def test_training_identical_in_every_mode(train_data, tmp_path, mode):
+    ref, run = tmp_path / "inline", tmp_path / mode
+    assert train.main(["configs/demo.yaml", *tiny_overrides(train_data, ref, **{"data.loading": "inline"})]) == 0
+    assert train.main(["configs/demo.yaml", *tiny_overrides(train_data, run, **{"data.loading": mode})]) == 0
+    assert_same_weights(ref / "checkpoints" / "last.pt", run / "checkpoints" / "last.pt")
+    assert stable(read_metrics(ref / "metrics.jsonl")) == stable(read_metrics(run / "metrics.jsonl"))
+
+
+def _start_training(train_data, run, *extra) -> subprocess.Popen:
+    args = tiny_overrides(train_data, run, **{"train.epochs": 50, "data.loading": "process"})
+    return subprocess.Popen([sys.executable, "train.py", "configs/demo.yaml", *args, *extra], cwd=REPO,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+
+
+def _wait_for_loader(proc: subprocess.Popen, run, timeout: float = 60) -> int:
+    """The loader's pid, once training is under way (metrics written)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        assert proc.poll() is None, proc.communicate()
+        kids = [p for p in child_pids(proc.pid) if "resource_tracker" not in _cmdline(p)]
+        if kids and (run / "metrics.jsonl").exists():
+            return kids[0]
+        time.sleep(0.05)
+    raise AssertionError("training did not start")
+
+
+def _cmdline(pid: int) -> str:
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return f.read().decode(errors="replace")
+    except OSError:
+        return ""
+
+
+def _gone(pid: int, timeout: float) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                if f.read().split(") ")[-1].startswith("Z"):
+                    return True  # a zombie holds no memory; its parent is gone or will reap it
+        except OSError:
+            return True
+        time.sleep(0.05)
+    return False
+
+
+def test_killed_loader_ends_the_run(train_data, tmp_path):
+    proc = _start_training(train_data, tmp_path / "run")
+    loader = _wait_for_loader(proc, tmp_path / "run")
+    os.kill(loader, signal.SIGKILL)
+    start = time.monotonic()
+    _, err = proc.communicate(timeout=60)
+    assert time.monotonic() - start < 30
+    assert proc.returncode == 1, err
+    assert "loader process alexnet-loader-0" in err and f"pid {loader}" in err and "signal 9" in err
+
+
+def test_killed_trainer_leaves_no_loader(train_data, tmp_path):
+    proc = _start_training(train_data, tmp_path / "run")
+    loader = _wait_for_loader(proc, tmp_path / "run")
+    proc.kill()
+    proc.wait(timeout=30)
+    assert _gone(loader, 15), f"loader {loader} outlived its trainer"
+    proc.communicate()
+
+
+def test_sigint_stops_both_cleanly(train_data, tmp_path):
+    run = tmp_path / "run"
+    proc = _start_training(train_data, run)
+    loader = _wait_for_loader(proc, run)
+    os.killpg(proc.pid, signal.SIGINT)  # as Ctrl-C in a terminal: the whole process group
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130, err
+    assert "checkpoint at epoch" in out and (run / "checkpoints" / "last.pt").exists()
+    assert _gone(loader, 15)

@@ -4,6 +4,9 @@
     python train.py configs/demo.yaml                        # CPU demo on generated data
     python train.py configs/alexnet_1gpu.yaml data.root=/data/imagenet256
     python train.py configs/alexnet_1gpu.yaml train.lr=0.02 run.dir=runs/lr02   # dotted overrides
+    python train.py configs/alexnet_2gpu.yaml                # 2 replicas on this host (train.py starts them)
+    torchrun --nnodes=2 --nproc-per-node=8 --rdzv-backend=c10d --rdzv-endpoint=HOST0:29500 \
+        train.py configs/goyal_8gpu.yaml                     # 2 hosts x 8 GPUs: one replica per process
 
 The run directory (run.dir) receives config.yaml (the resolved config), metrics.jsonl, tb/ (TensorBoard,
 if installed) and checkpoints/ (last.pt, best.pt, epoch_NNN.pt). Re-running the same command resumes
@@ -13,12 +16,14 @@ Exit codes: 0 done, 1 failed (e.g. the loss became NaN), 2 bad config or data, 1
 from __future__ import annotations
 
 import argparse
+import os
 import signal
 import sys
 from pathlib import Path
 
 from alexnet.config import Config, ConfigError, dump_yaml, load_config, summary
-from alexnet.distributed import DistInfo, print0, setup
+from alexnet.distributed import DistInfo, print0, setup, teardown
+from alexnet.launch import launch_local
 from alexnet.trainer import NonFiniteLoss, StopFlag, Trainer
 from data.batchfile import atomic_write_bytes
 from data.layouts import DataError
@@ -51,28 +56,49 @@ def install_signal_handlers(stop: StopFlag) -> None:
         signal.signal(sig, handler)
 
 
-def main(argv: list[str] | None = None) -> int:
-    args = parse_args(argv)
-    stop = StopFlag()
+def run_replica(cfg: Config, config_path: str) -> int:
+    """Train as this process's replica (the only one, or one of WORLD_SIZE); returns the exit code."""
+    stop, info = StopFlag(), None
     try:
-        cfg = load_config(args.config, args.overrides)
-        dist = setup(cfg.run.device)
-        print0(dist, f"config {args.config} (differences from the paper defaults):\n{summary(cfg)}")
-        write_run_config(cfg, dist)
+        world = int(os.environ.get("WORLD_SIZE", "1"))
+        if cfg.parallel.replicas not in (1, world):
+            raise ConfigError(f"parallel.replicas={cfg.parallel.replicas}, but the launcher started {world} "
+                              "processes; leave parallel.replicas at 1 under torchrun")
+        info = setup(cfg)
+        print0(info, f"config {config_path} (differences from the paper defaults):\n{summary(cfg)}")
+        write_run_config(cfg, info)
         install_signal_handlers(stop)
-        trainer = Trainer(cfg, dist, stop)
-        result = trainer.fit()
+        result = Trainer(cfg, info, stop).fit()
     except (ConfigError, DataError) as e:
         print(f"train.py: error: {e}", file=sys.stderr)
         return 2
     except (NonFiniteLoss, LoaderError) as e:
         print(f"train.py: error: {e}", file=sys.stderr)
         return 1
+    except RuntimeError as e:  # a collective failed: a peer died or hung past parallel.timeout
+        if info is None or not info.distributed:
+            raise
+        print(f"train.py: replica rank {info.rank}: {e}", file=sys.stderr)
+        return 1
+    teardown(info)
     if stop.requested:
         return 128 + stop.signum
     if result:
-        print0(dist, f"done: val top-1 error {result['top1_err']:.4f}, top-5 error {result['top5_err']:.4f}")
+        print0(info, f"done: val top-1 error {result['top1_err']:.4f}, top-5 error {result['top5_err']:.4f}")
     return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    try:
+        cfg = load_config(args.config, args.overrides)
+    except ConfigError as e:
+        print(f"train.py: error: {e}", file=sys.stderr)
+        return 2
+    if "WORLD_SIZE" not in os.environ and cfg.parallel.replicas > 1:
+        print(f"train.py: starting {cfg.parallel.replicas} replicas on this host", flush=True)
+        return launch_local(__file__, [args.config, *args.overrides], cfg.parallel.replicas, cfg.parallel.timeout)
+    return run_replica(cfg, args.config)
 
 
 if __name__ == "__main__":

@@ -68,11 +68,16 @@ class TrainConfig:
     lr_auto_patience: int = 2      # ... over this many epochs
     lr_min: float = 0.0            # cosine: the final lr
     warmup_epochs: float = 0.0     # linear warmup, per step
-    warmup_start_factor: float | None = None  # warmup starts at this x lr (default: 0)
+    warmup_start_factor: float | None = None  # warmup starts at this x lr (default: 1/k under linear
+                                              # scaling by k, i.e. the unscaled lr, as Goyal et al.; else 0)
     seed: int = 0
     precision: str = "fp32"        # fp32 | tf32 | bf16 (autocast)
     channels_last: bool = False
     compile: bool = False          # torch.compile the model
+    slices: int = 1                # each replica's batch runs as this many sequential micro-batches
+                                   # (gradients accumulated, one update: Synkhronos' input slicing)
+    lr_scaling: str = "none"       # linear: lr x (total batch / lr_ref_batch) (Goyal et al. 2017)
+    lr_ref_batch: int = 256        # the total batch at which train.lr is right
     log_every: int = 20            # steps between train records and progress-bar updates
     val_every: int = 1             # epochs between validations
     max_steps: int = 0             # stop after this many steps in total (0: no limit; smoke tests)
@@ -89,11 +94,25 @@ class RunConfig:
 
 
 @dataclass
+class ParallelConfig:
+    replicas: int = 1              # data-parallel replicas; train.py starts them (under torchrun: WORLD_SIZE)
+    devices: list[str] = field(default_factory=list)  # e.g. [cuda:0, cuda:1]; replica r uses
+                                   # devices[local rank % len]; empty: one GPU per local rank, or cpu
+    exchange: str = "weights"      # weights: average parameters and momentum every exchange_every steps
+                                   # (the paper); gradients: all-reduce gradients in the backward pass
+    exchange_every: int = 1        # weights: steps between exchanges
+    transport: str = "auto"        # ipc (one host: peers' buffers read directly) | nccl | gloo | auto
+    bucket_mb: float = 25.0        # gradients: all-reduce bucket size
+    timeout: float = 60.0          # seconds before a dead or hung replica stops the others
+
+
+@dataclass
 class Config:
     data: DataConfig = field(default_factory=DataConfig)
     model: ModelConfig = field(default_factory=ModelConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
     run: RunConfig = field(default_factory=RunConfig)
+    parallel: ParallelConfig = field(default_factory=ParallelConfig)
 
 
 CHOICES: dict[str, tuple] = {
@@ -103,9 +122,13 @@ CHOICES: dict[str, tuple] = {
     "model.init": ("paper", "torch"),
     "train.lr_policy": ("step", "auto", "cosine", "constant"),
     "train.precision": ("fp32", "tf32", "bf16"),
+    "train.lr_scaling": ("none", "linear"),
+    "parallel.exchange": ("weights", "gradients"),
+    "parallel.transport": ("auto", "ipc", "nccl", "gloo"),
 }
 POSITIVE = ("data.crop", "data.loader_timeout", "train.epochs", "train.batch_size", "train.log_every",
-            "train.val_every", "train.lr_auto_patience", "model.width")
+            "train.val_every", "train.lr_auto_patience", "model.width", "train.slices", "train.lr_ref_batch",
+            "parallel.replicas", "parallel.exchange_every", "parallel.bucket_mb", "parallel.timeout")
 NON_NEGATIVE = ("data.shuffle_window", "data.val_batch_size", "train.lr", "train.momentum", "train.weight_decay",
                 "train.bias_lr_mult", "train.bias_decay_mult", "train.lr_min", "train.warmup_epochs",
                 "train.max_steps", "train.lr_auto_threshold", "run.keep_last", "run.save_every_steps")
@@ -181,6 +204,11 @@ def validate(cfg: Config) -> None:
         raise ConfigError("data.channel_mean and data.channel_std must be 3 values each, std positive")
     if cfg.model.num_classes is not None and cfg.model.num_classes < 1:
         raise ConfigError(f"model.num_classes must be positive, got {cfg.model.num_classes}")
+    if cfg.train.batch_size % cfg.train.slices:
+        raise ConfigError(f"train.batch_size={cfg.train.batch_size} is not divisible by train.slices="
+                          f"{cfg.train.slices}")
+    if cfg.parallel.exchange == "gradients" and cfg.parallel.transport == "ipc":
+        raise ConfigError("parallel.transport=ipc exchanges weights only; gradients use nccl, gloo or auto")
     if not cfg.data.root:
         raise ConfigError("data.root is not set: point it to a scripts/preprocess.py output folder")
 

@@ -9,11 +9,13 @@ from __future__ import annotations
 
 import contextlib
 import math
+import signal
 import time
 from pathlib import Path
 
 import numpy as np
 import torch
+import torch.distributed as tdist
 import torch.nn.functional as F
 
 from data.augment import random_bits
@@ -25,6 +27,8 @@ from data.slot_loader import SlotLoader
 from .checkpoint import CheckpointDir, load
 from .config import Config, ConfigError, to_dict
 from .distributed import DistInfo, print0
+from .exchange import WeightExchange, broadcast_from_rank0, wrap_gradients
+from .launch import Heartbeat
 from .metrics import Meter, MetricsLog
 from .models import build_model
 from .optim import LRSchedule, build_optimizer
@@ -104,16 +108,30 @@ def autocast_for(precision: str, device: torch.device):
     return contextlib.nullcontext()
 
 
-def sgd_step(forward, optimizer: torch.optim.Optimizer, x: torch.Tensor, y: torch.Tensor, autocast
-             ) -> tuple[torch.Tensor, torch.Tensor]:
-    """One forward, backward and update; returns (loss, logits), both detached, nothing synchronised."""
-    with autocast:
-        logits = forward(x)
-    loss = F.cross_entropy(logits.float(), y)
-    loss.backward()
+def sgd_step(forward, optimizer: torch.optim.Optimizer, x: torch.Tensor, y: torch.Tensor, autocast,
+             slices: int = 1, no_sync=None) -> tuple[torch.Tensor, torch.Tensor]:
+    """One update from the batch (x, y); returns (mean loss, logits), detached, nothing synchronised.
+
+    `autocast` makes a fresh autocast context. With `slices` > 1 the batch runs as that many sequential
+    micro-batches whose gradients accumulate (each loss is its share of the batch mean), then one
+    update: the same step with less activation memory. `no_sync` (DistributedDataParallel's) keeps the
+    gradient all-reduce for the last micro-batch only.
+    """
+    n, losses, outputs = y.shape[0], [], []
+    for i, (xs, ys) in enumerate(zip(x.chunk(slices), y.chunk(slices))):
+        defer = no_sync is not None and i < slices - 1
+        with no_sync() if defer else contextlib.nullcontext():
+            with autocast():
+                logits = forward(xs)
+            loss = F.cross_entropy(logits.float(), ys, reduction="sum") / n
+            loss.backward()
+        losses.append(loss.detach())
+        outputs.append(logits.detach())
     optimizer.step()
     optimizer.zero_grad(set_to_none=True)
-    return loss.detach(), logits.detach()
+    if slices == 1:
+        return losses[0], outputs[0]
+    return torch.stack(losses).sum(), torch.cat(outputs)
 
 
 def resolve_num_classes(cfg: Config, meta: dict) -> int:
@@ -138,12 +156,15 @@ class Trainer:
         self.has_val = "val" in self.meta["splits"]
         configure_backends(cfg.train.precision, self.device)
         self.model = self._build_model()
-        self.forward = torch.compile(self.model) if cfg.train.compile else self.model
         self.optimizer = build_optimizer(self.model, cfg.train)
+        self.heartbeat = Heartbeat(dist.rank)
+        self.forward, self.exchange = self._replicate()
         torch.manual_seed(dropout_seed(cfg.train.seed, dist.rank))
         self.loader = make_loader(cfg, loader_spec(cfg, dist, ("train", "val") if self.has_val else ("train",)))
         self.steps_per_epoch = self.loader.steps("train")
-        self.schedule = LRSchedule(cfg.train, self.steps_per_epoch)
+        self.global_batch = cfg.train.batch_size * dist.world
+        self.schedule = LRSchedule(cfg.train, self.steps_per_epoch, self.lr_scale())
+
         self.ckpt = CheckpointDir(Path(cfg.run.dir) / "checkpoints", cfg.run.keep_last)
         self.log = MetricsLog(cfg.run.dir, cfg.run.tensorboard) if dist.is_main else None
         self.meter = Meter(self.device)
@@ -163,6 +184,39 @@ class Trainer:
             model = model.to(memory_format=torch.channels_last)
         return model
 
+    def _replicate(self):
+        """(forward, weight exchange): identical start on every replica, then DDP or weight averaging."""
+        model, p = self.model, self.cfg.parallel
+        exchange = None
+        if self.dist.distributed:
+            self.heartbeat.arrive()
+            broadcast_from_rank0([t.data for t in model.parameters()], self.dist)
+            if p.exchange == "gradients":
+                model = wrap_gradients(model, self.dist, p.bucket_mb, before_allreduce=self.heartbeat.arrive)
+            else:
+                exchange = WeightExchange(self.model, self.optimizer, self.dist, p.exchange_every)
+        return (torch.compile(model) if self.cfg.train.compile else model), exchange
+
+    def lr_scale(self) -> float:
+        """Goyal et al.'s linear scaling: lr x (total batch / reference batch)."""
+        if self.cfg.train.lr_scaling == "linear":
+            return self.global_batch / self.cfg.train.lr_ref_batch
+        return 1.0
+
+    def describe(self) -> str:
+        t, p = self.cfg.train, self.cfg.parallel
+        parts = [f"{self.dist.world} replica(s), this one on {self.device}",
+                 f"global batch {self.global_batch} ({t.batch_size} per replica"
+                 + (f", {t.slices} slices" if t.slices > 1 else "") + ")",
+                 f"lr {self.schedule.target_lr():g}" + (f" (= {t.lr:g} x {self.lr_scale():g}, linear scaling)"
+                                                        if self.lr_scale() != 1 else ""),
+                 f"{self.steps_per_epoch} steps per epoch", f"loading {self.cfg.data.loading}"]
+        if self.dist.distributed:
+            parts.append(f"exchange {p.exchange} via {self.dist.transport}"
+                         + (f" every {p.exchange_every} steps" if p.exchange == "weights" and p.exchange_every > 1
+                            else " every step" if p.exchange == "weights" else ""))
+        return ", ".join(parts)
+
     def autocast(self):
         return autocast_for(self.cfg.train.precision, self.device)
 
@@ -174,6 +228,7 @@ class Trainer:
     def fit(self) -> dict:
         """Train (or resume) to train.epochs; returns the last validation metrics (or {})."""
         self.resume()
+        print0(self.dist, self.describe())
         t = self.cfg.train
         if self.epoch >= t.epochs:
             print0(self.dist, f"run {self.cfg.run.dir} already finished {self.epoch} epochs")
@@ -212,10 +267,11 @@ class Trainer:
                 self.step, self.global_step = batch.step + 1, self.global_step + 1
                 window = (window[0], window[1] + batch.n * self.dist.world)
                 bar.update(1)
-                if self.step % self.cfg.train.log_every == 0 or self.step == self.steps_per_epoch:
+                boundary = self.step % self.cfg.train.log_every == 0 or self.step == self.steps_per_epoch
+                if boundary:
                     self._log_train(epoch, lr, window, bar)
                     window = (time.perf_counter(), 0)
-                if self._should_stop():
+                if self._should_stop(boundary):
                     self.save(epoch_done=False)
                     return False
                 if self.cfg.run.save_every_steps and self.global_step % self.cfg.run.save_every_steps == 0:
@@ -224,19 +280,39 @@ class Trainer:
             bar.close()
         return True
 
-    def _should_stop(self) -> bool:
+    def _should_stop(self, boundary: bool) -> bool:
+        """train.max_steps reached, or a stop signal, agreed by all replicas at logging boundaries."""
         limit = self.cfg.train.max_steps
-        return self.stop.requested or bool(limit and self.global_step >= limit)
+        if limit and self.global_step >= limit:
+            return True
+        if not self.dist.distributed:
+            return self.stop.requested
+        if not boundary:
+            return False  # replicas must stop at the same step: they agree only here
+        flag = torch.tensor([int(self.stop.requested)])
+        self.heartbeat.arrive()
+        tdist.all_reduce(flag, op=tdist.ReduceOp.MAX, group=self.dist.cpu_group)
+        if flag.item() and not self.stop.requested:
+            self.stop.request(signal.SIGINT)  # a peer was interrupted: stop as if we were too
+        return bool(flag.item())
 
     def train_step(self, x: torch.Tensor, y: torch.Tensor) -> None:
-        loss, logits = sgd_step(self.forward, self.optimizer, x, y, self.autocast())
+        no_sync = getattr(self.forward, "no_sync", None) if self.cfg.train.slices > 1 else None
+        loss, logits = sgd_step(self.forward, self.optimizer, x, y, self.autocast, self.cfg.train.slices, no_sync)
+        if self.exchange is not None and (self.global_step + 1) % self.exchange.every == 0:
+            self.heartbeat.arrive()
+            self.exchange.after_step(self.global_step + 1)
         self.meter.update(loss, logits, y)
         step = torch.full((), self.global_step, dtype=torch.int64, device=self.device)
         self.first_bad = torch.where(torch.isfinite(loss), self.first_bad, torch.minimum(self.first_bad, step))
 
     def check_finite(self) -> None:
         """Raise NonFiniteLoss naming the first step whose loss was NaN or inf (one host sync)."""
-        bad = int(self.first_bad)
+        bad = self.first_bad.clone()
+        if self.dist.distributed:  # name the first bad step of any replica
+            self.heartbeat.arrive()
+            tdist.all_reduce(bad, op=tdist.ReduceOp.MIN)
+        bad = int(bad)
         if bad != _NO_BAD_STEP:
             epoch, it = divmod(bad, self.steps_per_epoch)
             raise NonFiniteLoss(f"the loss became NaN or inf at step {bad + 1} (epoch {epoch + 1}, iteration "
@@ -244,7 +320,10 @@ class Trainer:
                                 "checkpoint (lower train.lr, or check the data)")
 
     def reduce(self, sums: torch.Tensor) -> torch.Tensor:
-        """Sum a metrics vector over replicas (identity for one replica)."""
+        """Sum a metrics vector over replicas (exact counts: every replica adds its own images)."""
+        if self.dist.distributed:
+            self.heartbeat.arrive()
+            tdist.all_reduce(sums)
         return sums
 
     def _log_train(self, epoch: int, lr: float, window: tuple[float, int], bar) -> None:
@@ -270,6 +349,7 @@ class Trainer:
             meter.update(F.cross_entropy(logits.float(), batch.y), logits, batch.y)
             n += batch.n
             bar.update(1)
+            self.heartbeat.beat()
         bar.close()
         self.model.train()
         stats = Meter.summarize(self.reduce(meter.sums))
@@ -294,17 +374,34 @@ class Trainer:
 
     # -- checkpoints -----------------------------------------------------------------------------------
 
+    def rng_states(self) -> list[dict]:
+        """Every replica's dropout RNG state, in rank order."""
+        if not self.dist.distributed:
+            return [rng_state(self.device)]
+        states = [None] * self.dist.world
+        self.heartbeat.arrive()
+        tdist.all_gather_object(states, rng_state(self.device), group=self.dist.cpu_group)
+        return states
+
     def state_dict(self) -> dict:
         return {"kind": CHECKPOINT_KIND, "version": 1, "model": self.model.state_dict(),
                 "optimizer": self.optimizer.state_dict(), "schedule": self.schedule.state_dict(),
                 "epoch": self.epoch, "step": self.step, "global_step": self.global_step,
-                "best_top1_err": self.best_err, "elapsed": self.elapsed(), "meter": self.meter.sums.cpu(),
-                "rng": [rng_state(self.device)], "world": self.dist.world, "config": to_dict(self.cfg),
-                "num_classes": self.num_classes, "classes": list(self.meta["classes"])}
+                "global_batch": self.global_batch, "best_top1_err": self.best_err, "elapsed": self.elapsed(),
+                "meter": self.reduce(self.meter.sums.clone()).cpu(), "rng": self.rng_states(),
+                "world": self.dist.world, "config": to_dict(self.cfg), "num_classes": self.num_classes,
+                "classes": list(self.meta["classes"])}
 
     def save(self, epoch_done: bool, is_best: bool = False) -> None:
-        """Checkpoint (rank 0 writes); never after a non-finite loss."""
+        """Checkpoint (every replica takes part, rank 0 writes); never after a non-finite loss.
+
+        Weights mode between two exchanges: the replicas are averaged first, so the checkpoint holds
+        all of them (a run that saves at the same steps does the same, so resuming stays exact).
+        """
         self.check_finite()
+        if self.exchange is not None and self.global_step % self.exchange.every:
+            self.heartbeat.arrive()
+            self.exchange.impl.average(self.exchange.tensors())
         state = self.state_dict()
         if self.dist.is_main:
             path = self.ckpt.save(state, epoch_done, is_best)
@@ -320,14 +417,18 @@ class Trainer:
         self.model.load_state_dict(state["model"])
         self.optimizer.load_state_dict(state["optimizer"])
         self.schedule.load_state_dict(state["schedule"])
-        self.epoch, self.step, self.global_step = state["epoch"], state["step"], state["global_step"]
-        self.best_err, self.elapsed_before = state["best_top1_err"], state["elapsed"]
-        self.meter.sums.copy_(state["meter"])
-        ranks = state["rng"]
-        if self.dist.rank < len(ranks):
-            set_rng_state(ranks[self.dist.rank], self.device)
         if self.log is not None:
-            self.log.truncate_after(self.global_step)
+            self.log.truncate_after(state["global_step"])
+        self.epoch, self.step = state["epoch"], self._resume_step(state)
+        self.global_step = self.epoch * self.steps_per_epoch + self.step
+        self.best_err, self.elapsed_before = state["best_top1_err"], state["elapsed"]
+        if self.dist.is_main:  # the window's sums were reduced when saved: count them once
+            self.meter.sums.copy_(state["meter"])
+        ranks = state["rng"]
+        if len(ranks) == self.dist.world:
+            set_rng_state(ranks[self.dist.rank], self.device)
+        else:  # another number of replicas: a fresh, still deterministic, dropout stream
+            torch.manual_seed(dropout_seed(self.cfg.train.seed + self.global_step, self.dist.rank))
         print0(self.dist, f"resumed from {self.ckpt.last}: epoch {self.epoch + 1}, step {self.step} "
                           f"(global step {self.global_step})")
 
@@ -340,11 +441,23 @@ class Trainer:
             if was != now and not (key == "num_classes" and now is None):
                 raise ConfigError(f"{self.ckpt.last} was trained with {section}.{key}={was!r}, this config has "
                                   f"{now!r}; use another run.dir or the same setting")
-        if state["step"] and state["step"] >= self.steps_per_epoch:
-            raise ConfigError(f"{self.ckpt.last} stopped at step {state['step']} of an epoch, but an epoch now "
-                              f"has {self.steps_per_epoch} steps (batch size or data changed)")
+
+    def _resume_step(self, state: dict) -> int:
+        """The checkpoint's position in this run's steps (the global batch may have changed)."""
+        samples = state["step"] * state.get("global_batch", self.global_batch)
+        if samples % self.global_batch:
+            raise ConfigError(f"{self.ckpt.last} stopped {samples} images into epoch {state['epoch'] + 1}, not a "
+                              f"multiple of the global batch {self.global_batch} (replicas x batch changed); "
+                              "resume with a global batch that divides it, or from an epoch checkpoint")
+        step = samples // self.global_batch
+        if step >= self.steps_per_epoch > 0 and step:
+            raise ConfigError(f"{self.ckpt.last} stopped at step {step} of an epoch, but an epoch now has "
+                              f"{self.steps_per_epoch} steps (batch size or data changed)")
+        return step
 
     def close(self) -> None:
+        if self.exchange is not None:
+            self.exchange.close()
         self.loader.close()
         if self.log is not None:
             self.log.close()

@@ -109,7 +109,7 @@ def trainer_step(arch: str, width: float, crop: int, precision: str, channels_la
     model = build_model(arch, num_classes, width, 0.5, crop).to(device).to(memory_format=fmt)
     opt = build_optimizer(model, TrainConfig())
     forward = torch.compile(model) if compile_model else model
-    return lambda x, y: sgd_step(forward, opt, x, y, autocast_for(precision, device))
+    return lambda x, y: sgd_step(forward, opt, x, y, lambda: autocast_for(precision, device))
 
 
 def constant_batch_step(arch: str, width: float, crop: int, batch: int, precision: str, channels_last: bool,

@@ -1,0 +1,164 @@
+"""train.py's own launcher for the replicas of one host, and the heartbeat that names a stuck replica.
+
+``python train.py CONFIG parallel.replicas=N`` starts N copies of itself with the environment variables
+torchrun would set (RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT), so both
+launches share one initialisation path (alexnet/distributed.py). The launcher then watches them:
+
+- a replica that exits with an error makes the launcher stop the others at once (SIGKILL: the last
+  checkpoint is safe, every write is atomic) and report which rank failed and how;
+- each replica reports through a pipe (the heartbeat) every time it enters a collective operation, with
+  a count of those it entered so far; replicas blocked on a hung peer time out after ``parallel.timeout``
+  and exit, and the launcher names the rank that fell behind (it never arrived where the others wait),
+  not the one whose timeout fired first;
+- Ctrl-C / SIGTERM are forwarded once to every replica, which checkpoint together and stop.
+"""
+from __future__ import annotations
+
+import os
+import select
+import signal
+import socket
+import struct
+import subprocess
+import sys
+import time
+
+ENV_HEARTBEAT = "ALEXNET_HEARTBEAT_FD"
+_RECORD = struct.Struct("<iq")  # rank, collectives entered
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Heartbeat:
+    """Replica side: small non-blocking writes; nothing at all if not started by the launcher.
+
+    Every replica enters the same collectives in the same order, so the count of collectives entered
+    is comparable across replicas: the one with the lowest count is where the others wait.
+    """
+
+    def __init__(self, rank: int):
+        fd = os.environ.get(ENV_HEARTBEAT)
+        self.fd, self.rank, self.count = (int(fd) if fd else None), rank, 0
+
+    def arrive(self) -> None:
+        """Call right before a collective operation."""
+        self.count += 1
+        self.beat()
+
+    def beat(self) -> None:
+        """Still alive (e.g. during a long validation), without entering a collective."""
+        if self.fd is None:
+            return
+        try:
+            os.write(self.fd, _RECORD.pack(self.rank, self.count))
+        except OSError:  # launcher gone or pipe full: the heartbeat is best effort
+            pass
+
+
+def _how(code: int) -> str:
+    if code < 0:
+        return f"was killed by signal {-code} ({signal.Signals(-code).name})"
+    return f"exited with code {code}"
+
+
+class Launcher:
+    """Start and watch the replicas of one host."""
+
+    def __init__(self, script: str, argv: list[str], replicas: int, timeout: float):
+        self.timeout = timeout
+        read_fd, write_fd = os.pipe()
+        os.set_blocking(write_fd, False)
+        self.read_fd = read_fd
+        port = free_port()
+        # Like torchrun, keep replicas from oversubscribing the cores (unless the user chose).
+        threads = os.environ.get("OMP_NUM_THREADS") or str(max(1, len(os.sched_getaffinity(0)) // replicas))
+        self.procs: list[subprocess.Popen] = []
+        for rank in range(replicas):
+            env = {**os.environ, "OMP_NUM_THREADS": threads, "RANK": str(rank), "LOCAL_RANK": str(rank), "WORLD_SIZE": str(replicas),
+                   "LOCAL_WORLD_SIZE": str(replicas), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port),
+                   ENV_HEARTBEAT: str(write_fd)}
+            # A session of their own: a terminal's Ctrl-C reaches the launcher only, which forwards it
+            # exactly once (a replica treats a second Ctrl-C as "stop without checkpoint").
+            self.procs.append(subprocess.Popen([sys.executable, script, *argv], env=env, pass_fds=(write_fd,),
+                                               start_new_session=True))
+        os.close(write_fd)
+        self.counts = [0] * replicas
+        self.beaten = [False] * replicas
+        self.progress_at = time.monotonic()
+
+    def _forward(self, signum, frame) -> None:
+        for p in self.procs:
+            if p.poll() is None:
+                p.send_signal(signum)
+
+    def _read_heartbeats(self, wait: float) -> None:
+        ready, _, _ = select.select([self.read_fd], [], [], wait)
+        if not ready:
+            return
+        data = os.read(self.read_fd, _RECORD.size * 1024)
+        for i in range(0, len(data) - len(data) % _RECORD.size, _RECORD.size):
+            rank, count = _RECORD.unpack_from(data, i)
+            if 0 <= rank < len(self.counts):
+                self.counts[rank] = max(self.counts[rank], count)
+                self.beaten[rank] = True
+                self.progress_at = time.monotonic()
+
+    def _culprit(self, failed: int) -> str:
+        """Who to blame: a rank that fell behind the others, else the one that failed."""
+        self._read_heartbeats(0)
+        behind = min(self.counts)
+        laggards = [r for r, c in enumerate(self.counts) if c == behind]
+        if behind < max(self.counts) and failed not in laggards:
+            return (f"replica rank {', '.join(map(str, laggards))} stopped making progress (it never reached "
+                    f"collective operation {behind + 1}, where the others waited); replica rank {failed} then "
+                    "gave up waiting")
+        return ""
+
+    def _stop_all(self) -> None:
+        for p in self.procs:
+            if p.poll() is None:
+                p.kill()
+        for p in self.procs:
+            p.wait()
+
+    def run(self) -> int:
+        """Wait for the replicas; the exit code is theirs, or 1 if one failed."""
+        old = {s: signal.signal(s, self._forward) for s in (signal.SIGINT, signal.SIGTERM)}
+        try:
+            return self._watch()
+        finally:
+            self._stop_all()
+            for s, h in old.items():
+                signal.signal(s, h)
+            os.close(self.read_fd)
+
+    def _watch(self) -> int:
+        while True:
+            self._read_heartbeats(0.2)
+            codes = [p.poll() for p in self.procs]
+            for rank, code in enumerate(codes):
+                if code not in (None, 0, 128 + signal.SIGINT, 128 + signal.SIGTERM):
+                    return self._failed(rank, code)
+            if all(c is not None for c in codes):
+                return max(codes)
+            # Replicas stuck on a peer time out by themselves (parallel.timeout) and exit; this is the
+            # backstop for a deadlock in which none of them does.
+            silent = time.monotonic() - self.progress_at
+            if all(self.beaten) and silent > 3 * self.timeout + 120:
+                print(f"train.py: no replica reported progress for {silent:.0f} s; stopping all "
+                      f"(collectives entered, by rank: {self.counts})", file=sys.stderr, flush=True)
+                return 1
+
+    def _failed(self, rank: int, code: int) -> int:
+        blame = self._culprit(rank)
+        msg = blame or f"replica rank {rank} (pid {self.procs[rank].pid}) {_how(code)}"
+        print(f"train.py: {msg}; stopping the other replicas", file=sys.stderr, flush=True)
+        return 1
+
+
+def launch_local(script: str, argv: list[str], replicas: int, timeout: float) -> int:
+    return Launcher(script, argv, replicas, timeout).run()

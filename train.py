@@ -6,7 +6,7 @@
     python train.py configs/alexnet_1gpu.yaml train.lr=0.02 run.dir=runs/lr02   # dotted overrides
     python train.py configs/alexnet_2gpu.yaml                # 2 replicas on this host (train.py starts them)
     torchrun --nnodes=2 --nproc-per-node=8 --rdzv-backend=c10d --rdzv-endpoint=HOST0:29500 \
-        train.py configs/goyal_8gpu.yaml                     # 2 hosts x 8 GPUs: one replica per process
+        train.py configs/alexnet_8gpu_goyal.yaml             # 2 hosts x 8 GPUs: one replica per process
 
 The run directory (run.dir) receives config.yaml (the resolved config), metrics.jsonl, tb/ (TensorBoard,
 if installed) and checkpoints/ (last.pt, best.pt, epoch_NNN.pt). Re-running the same command resumes
@@ -60,11 +60,10 @@ def run_replica(cfg: Config, config_path: str) -> int:
     """Train as this process's replica (the only one, or one of WORLD_SIZE); returns the exit code."""
     stop, info = StopFlag(), None
     try:
-        world = int(os.environ.get("WORLD_SIZE", "1"))
-        if cfg.parallel.replicas not in (1, world):
-            raise ConfigError(f"parallel.replicas={cfg.parallel.replicas}, but the launcher started {world} "
-                              "processes; leave parallel.replicas at 1 under torchrun")
         info = setup(cfg)
+        if cfg.parallel.replicas not in (1, info.world):
+            print0(info, f"parallel.replicas={cfg.parallel.replicas} is ignored: the launcher started {info.world} "
+                         "processes, each one replica")
         print0(info, f"config {config_path} (differences from the paper defaults):\n{summary(cfg)}")
         write_run_config(cfg, info)
         install_signal_handlers(stop)

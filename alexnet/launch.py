@@ -78,9 +78,9 @@ class Launcher:
         threads = os.environ.get("OMP_NUM_THREADS") or str(max(1, len(os.sched_getaffinity(0)) // replicas))
         self.procs: list[subprocess.Popen] = []
         for rank in range(replicas):
-            env = {**os.environ, "OMP_NUM_THREADS": threads, "RANK": str(rank), "LOCAL_RANK": str(rank), "WORLD_SIZE": str(replicas),
-                   "LOCAL_WORLD_SIZE": str(replicas), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port),
-                   ENV_HEARTBEAT: str(write_fd)}
+            env = {**os.environ, "OMP_NUM_THREADS": threads, "RANK": str(rank), "LOCAL_RANK": str(rank),
+                   "WORLD_SIZE": str(replicas), "LOCAL_WORLD_SIZE": str(replicas), "MASTER_ADDR": "127.0.0.1",
+                   "MASTER_PORT": str(port), ENV_HEARTBEAT: str(write_fd)}
             # A session of their own: a terminal's Ctrl-C reaches the launcher only, which forwards it
             # exactly once (a replica treats a second Ctrl-C as "stop without checkpoint").
             self.procs.append(subprocess.Popen([sys.executable, script, *argv], env=env, pass_fds=(write_fd,),

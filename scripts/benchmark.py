@@ -4,6 +4,7 @@
     python scripts/benchmark.py preprocess [--images 600] [--workers N]
     python scripts/benchmark.py train [--batch-size 256] [--arch alexnet] [--device auto]
     python scripts/benchmark.py loading [--batch-size 256] [--data DIR] [--device auto]
+    python scripts/benchmark.py exchange [--replicas 2] [--devices cuda:0 cuda:1] [--table1]
 
 preprocess: JPEG decode-to-256 images/s per worker with and without Pillow's draft mode (same files,
 same process), then the whole preprocessing pipeline with 1 worker and with all workers, on a
@@ -17,6 +18,12 @@ loading: the paper's "parallel loading yes/no" comparison on the device present:
 iterations and img/s with data.loading process / thread / inline, against the same model fed one
 constant on-device batch (the upper bound), and the loader alone (no trainer). Without --data it
 writes a random-image dataset in the batch-file format (page-cached after the first epoch).
+
+exchange: with --replicas processes on --devices (default: one per GPU, or the CPU), the time of one
+weights exchange (parameters and momentum, one flat buffer) per transport and of one gradient
+all-reduce (parameters' size), against the time of one training step of one replica. --table1 adds
+the paper's Table 1 layout: time per 20 iterations for 1 and 2 replicas x parallel loading yes/no,
+measured by running train.py itself on random batch files.
 """
 from __future__ import annotations
 
@@ -232,6 +239,125 @@ def bench_loading(args) -> dict:
             "channels_last": args.channels_last, "data": args.data or "random batch files", "rows": rows}
 
 
+def _exchange_worker(rank: int, world: int, port: int, args, out: str) -> None:
+    """One replica of the exchange benchmark: times every feasible transport, rank 0 writes JSON."""
+    import statistics
+
+    import torch
+    import torch.distributed as dist
+
+    from alexnet.config import ParallelConfig, TrainConfig
+    from alexnet.distributed import DistInfo, device_for, resolve_transport
+    from alexnet.exchange import AllReduceAverage, IpcAverage, flat_size
+    from alexnet.models import build_model
+    from alexnet.optim import build_optimizer
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    names = args.devices or (["cuda"] if torch.cuda.is_available() else ["cpu"])
+    devices = [device_for(names[r % len(names)], r) for r in range(world)]
+    device = devices[rank]
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+    shared = device.type == "cuda" and len(set(devices)) < world
+    allreduce = resolve_transport(ParallelConfig(transport="auto", exchange="gradients"), device.type, True, shared)
+    allreduce = "nccl" if allreduce == "nccl" else "gloo"
+    dist.init_process_group(allreduce, rank=rank, world_size=world)
+    cpu = dist.new_group(backend="gloo") if allreduce == "nccl" else dist.group.WORLD
+    crop = 224 if args.arch == "owt" else 227
+    model = build_model(args.arch, 1000, args.width, 0.5, crop).to(device)
+    opt = build_optimizer(model, TrainConfig())
+    tensors = [p.data for p in model.parameters()] + opt.velocities()
+    grads = [p.data.clone() for p in model.parameters()]
+
+    def timed(fn) -> float:
+        for _ in range(args.warmup):
+            fn()
+        times = []
+        for _ in range(args.repeat):
+            if device.type == "cuda":
+                torch.cuda.synchronize(device)
+            dist.barrier(group=cpu)
+            start = time.perf_counter()
+            fn()
+            if device.type == "cuda":
+                torch.cuda.synchronize(device)
+            times.append(time.perf_counter() - start)
+        return statistics.median(times)
+    rows = []
+    for transport in ("ipc", allreduce):
+        info = DistInfo(rank, world, rank, world, device, transport, cpu)
+        impl = (IpcAverage if transport == "ipc" else AllReduceAverage)(flat_size(tensors), device, info)
+        rows.append({"what": f"weights exchange via {transport}", "mbytes": round(flat_size(tensors) * 4 / 1e6, 1),
+                     "ms": round(1e3 * timed(lambda impl=impl: impl.average(tensors)), 2)})
+        impl.close()
+    flat = torch.empty(flat_size(grads), device=device)
+    info = DistInfo(rank, world, rank, world, device, allreduce, cpu)
+    grad_avg = AllReduceAverage(flat_size(grads), device, info)
+    rows.append({"what": f"gradient all-reduce via {allreduce}", "mbytes": round(flat.numel() * 4 / 1e6, 1),
+                 "ms": round(1e3 * timed(lambda: grad_avg.average(grads)), 2)})
+    if rank == 0:
+        step = constant_batch_step(args.arch, args.width, crop, args.batch_size, "fp32", False, device)
+        rows.append({"what": f"one training step, 1 replica, batch {args.batch_size}", "mbytes": "",
+                     "ms": round(1e3 * timed_steps_local(step, device, args.warmup, args.repeat), 2)})
+        Path(out).write_text(json.dumps({"rows": rows, "devices": [str(d) for d in devices],
+                                         "device": _device_name(device)}))
+    dist.barrier(group=cpu)
+    dist.destroy_process_group()
+
+
+def timed_steps_local(step, device, warmup: int, repeat: int) -> float:
+    for _ in range(warmup):
+        step()
+    return _timed_steps(step, 1, device, repeat)
+
+
+def _table1(args) -> list[dict]:
+    """Time per 20 iterations of train.py itself: 1 and 2 replicas x parallel loading yes/no."""
+    import subprocess
+    rows = []
+    with tempfile.TemporaryDirectory() as tmp:
+        data = make_random_dataset(Path(tmp) / "data", args.batch_size * 2 * 4, classes=1000)
+        for replicas in (1, 2):
+            for loading in ("process", "inline"):
+                run = Path(tmp) / f"run{replicas}{loading}"
+                steps = args.table1_steps
+                over = [f"data.root={data}", f"run.dir={run}", "run.progress=false", "run.tensorboard=false",
+                        f"model.arch={args.arch}", f"model.width={args.width}", f"train.batch_size={args.batch_size}",
+                        f"train.max_steps={2 * steps}", f"train.log_every={steps}", f"data.loading={loading}",
+                        f"parallel.replicas={replicas}", "train.epochs=1000"]
+                if args.devices:
+                    over.append(f"parallel.devices=[{','.join(args.devices)}]")
+                r = subprocess.run([sys.executable, str(Path(__file__).parents[1] / "train.py"),
+                                    str(Path(__file__).parents[1] / "configs" / "alexnet_1gpu.yaml"), *over],
+                                   capture_output=True, text=True)
+                if r.returncode != 0:
+                    raise RuntimeError(f"train.py failed for {replicas} replicas, {loading}:\n{r.stderr[-2000:]}")
+                rec = [x for x in map(json.loads, (run / "metrics.jsonl").read_text().splitlines())
+                       if x["split"] == "train"][-1]  # the second window: start-up excluded
+                rows.append({"replicas": replicas, "parallel_loading": loading != "inline",
+                             "batch_per_replica": args.batch_size, "img_per_s": round(rec["img_per_s"], 1),
+                             "s_per_20_iter": round(20 * args.batch_size * replicas / rec["img_per_s"], 3)})
+    return rows
+
+
+def bench_exchange(args) -> dict:
+    import torch.multiprocessing as mp
+
+    from alexnet.launch import free_port
+    with tempfile.TemporaryDirectory() as tmp:
+        out = Path(tmp) / "result.json"
+        mp.start_processes(_exchange_worker, args=(args.replicas, free_port(), args, str(out)),
+                           nprocs=args.replicas, start_method="spawn")
+        result = json.loads(out.read_text())
+    step_ms = result["rows"][-1]["ms"]
+    for r in result["rows"][:-1]:
+        r["vs_step"] = round(r["ms"] / step_ms, 3)
+    out = {"benchmark": "exchange", "replicas": args.replicas, "arch": args.arch, "width": args.width,
+           **{k: v for k, v in result.items() if k != "rows"}, "rows": result["rows"]}
+    if args.table1:
+        out["table1"] = _table1(args)
+    return out
+
+
 def _device_name(device) -> str:
     import torch
     if device.type == "cuda":
@@ -266,17 +392,32 @@ def main(argv: list[str] | None = None) -> int:
     pl.add_argument("--slots", type=int, default=3)
     pl.add_argument("--data", help="a preprocessed folder (default: random batch files in a temp folder)")
     pl.add_argument("--files-per-epoch", type=int, default=8, help="random dataset size, in batches")
+    pe = sub.add_parser("exchange", help="weights exchange and gradient all-reduce time vs step time")
+    pe.add_argument("--replicas", type=int, default=2)
+    pe.add_argument("--devices", nargs="*", default=None, help="e.g. cuda:0 cuda:1 (default: cuda, else cpu)")
+    pe.add_argument("--arch", default="alexnet", choices=("alexnet", "caffenet", "owt"))
+    pe.add_argument("--width", type=float, default=1.0)
+    pe.add_argument("--batch-size", type=int, default=128, help="per replica (the paper: 128 on each of 2)")
+    pe.add_argument("--warmup", type=int, default=2)
+    pe.add_argument("--repeat", type=int, default=5)
+    pe.add_argument("--table1", action="store_true", help="also 1 vs 2 replicas x loading yes/no via train.py")
+    pe.add_argument("--table1-steps", type=int, default=20, help="iterations per timed window")
     for s in (pt, pl):
         s.add_argument("--device", default="auto")
         s.add_argument("--steps", type=int, default=20, help="timed steps per repeat")
         s.add_argument("--warmup", type=int, default=5)
         s.add_argument("--repeat", type=int, default=3)
-    for s in (pp, pt, pl):
+    for s in (pp, pt, pl, pe):
         s.add_argument("--json", help="also write the results to this JSON file")
     args = p.parse_args(argv)
-    result = {"preprocess": bench_preprocess, "train": bench_train, "loading": bench_loading}[args.what](args)
+    benches = {"preprocess": bench_preprocess, "train": bench_train, "loading": bench_loading,
+               "exchange": bench_exchange}
+    result = benches[args.what](args)
     print(_table(result["rows"], list(result["rows"][0].keys())))
-    print({k: v for k, v in result.items() if k != "rows"})
+    if "table1" in result:
+        print("\nTable 1 layout (time per 20 iterations):")
+        print(_table(result["table1"], list(result["table1"][0].keys())))
+    print({k: v for k, v in result.items() if k not in ("rows", "table1")})
     if args.json:
         Path(args.json).write_text(json.dumps(result, indent=1) + "\n")
     return 0

@@ -78,7 +78,7 @@ def test_roundtrip_and_differences(tmp_path):
     assert Config().train.lr_steps is not Config().train.lr_steps  # no shared mutable defaults
 
 
-@pytest.mark.parametrize("name", ["demo", "alexnet_1gpu", "caffenet", "owt"])
+@pytest.mark.parametrize("name", ["demo", "alexnet_1gpu", "caffenet", "owt", "alexnet_2gpu", "alexnet_8gpu_goyal"])
 def test_shipped_configs_load(name):
     from pathlib import Path
     cfg = load_config(Path(__file__).parents[1] / "configs" / f"{name}.yaml", ["data.root=x"])

@@ -1,0 +1,101 @@
+#!/usr/bin/env python3
+"""Evaluate weights on a preprocessed validation split: top-1 and top-5 error, center crop or 10-crop.
+
+Our training checkpoint (arch, width, crop and normalisation come from the stored config):
+
+    python scripts/evaluate.py --data demo/data --weights runs/demo/checkpoints/best.pt --crops 10 \\
+        --json runs/demo/eval.json --csv runs/demo/predictions.csv
+
+torchvision's published AlexNet (arch owt inferred from the keys; for its published 56.5% top-1 use data
+preprocessed with the default `--resize short --size 256`):
+
+    python -c "import torch, torchvision; torch.save(torchvision.models.alexnet(weights='IMAGENET1K_V1').state_dict(), 'alexnet_tv.pt')"
+    python scripts/evaluate.py --data imagenet256 --weights alexnet_tv.pt
+
+A plain state_dict of our alexnet/caffenet needs `--arch alexnet` or `--arch caffenet` (same keys).
+Exit codes: 0 done, 2 bad input (missing or unreadable files, weights that do not fit the data).
+"""  # noqa: E501  (the torchvision command above is meant to be copied whole)
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from alexnet.checkpoint import CheckpointError  # noqa: E402
+from alexnet.distributed import pick_device  # noqa: E402
+from alexnet.evaluation import PRECISIONS, check_compatible, evaluate, load_weights, make_normalizer  # noqa: E402
+from alexnet.models import ARCHS  # noqa: E402
+from data.batchfile import atomic_write_json  # noqa: E402
+from data.reader import SplitData  # noqa: E402
+
+
+def _positive(text: str) -> int:
+    n = int(text)
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"must be positive, got {n}")
+    return n
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter,
+                                epilog="\n".join(__doc__.splitlines()[2:]))
+    p.add_argument("--data", required=True, help="a scripts/preprocess.py output folder")
+    p.add_argument("--weights", required=True, help="checkpoint (.pt) or state_dict file")
+    p.add_argument("--arch", choices=ARCHS, help="needed only for plain alexnet/caffenet state dicts")
+    p.add_argument("--crops", type=int, choices=(1, 10), default=1, help="1: center crop; 10: corners+center, "
+                   "plain and mirrored, probabilities averaged (default 1)")
+    p.add_argument("--json", help="write the results as JSON to this file")
+    p.add_argument("--csv", help="write one row per image (name, label, top-5 predictions, correct1/5)")
+    p.add_argument("--batch-size", type=_positive, default=100, help="images per forward pass (default 100)")
+    p.add_argument("--device", default="auto", help="auto (cuda if present) | cpu | cuda | cuda:N")
+    p.add_argument("--split", default="val", help="the split to evaluate (default val)")
+    p.add_argument("--precision", choices=PRECISIONS, default="fp32", help="default fp32")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    return p.parse_args(argv)
+
+
+def run(args: argparse.Namespace) -> dict:
+    """Load, check, evaluate; the JSON record."""
+    try:
+        device = pick_device(args.device)
+    except RuntimeError as e:  # cuda asked for but absent
+        raise ValueError(str(e)) from None
+    for out in (args.json, args.csv):
+        if out:
+            Path(out).parent.mkdir(parents=True, exist_ok=True)  # fail now, not after the whole split
+    model, info = load_weights(args.weights, args.arch)
+    data = SplitData(args.data, args.split)
+    check_compatible(info, data, args.weights)
+    normalizer = make_normalizer(info, data, device)
+    result = evaluate(model, data, info["crop"], normalizer, crops=args.crops, batch_size=args.batch_size,
+                      device=device, csv_path=args.csv, progress=not args.no_progress, precision=args.precision)
+    return {**result, "weights": str(args.weights), "data": str(args.data), "split": args.split,
+            "arch": info["arch"], "width": info["width"], "crop": info["crop"], "source": info["source"],
+            "precision": args.precision, "device": str(device)}
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    try:
+        record = run(args)
+    # DataError and ConfigError are ValueErrors; BatchFileError (a corrupt batch file) is an OSError.
+    except (CheckpointError, OSError, ValueError) as e:
+        print(f"evaluate.py: error: {e}", file=sys.stderr)
+        return 2
+    views = "1 crop" if record["crops"] == 1 else f"{record['crops']} crops"
+    print(f"top-1 error {record['top1_err']:.4f}, top-5 error {record['top5_err']:.4f} on {record['n']} images "
+          f"({views})")
+    if args.json:
+        try:
+            atomic_write_json(args.json, record)
+        except OSError as e:
+            print(f"evaluate.py: error: cannot write {args.json} ({e})", file=sys.stderr)
+            return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

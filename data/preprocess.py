@@ -199,10 +199,12 @@ def _run_pool(todo: list[Task], workers: int, quiet: bool) -> None:
     ctx = mp.get_context("fork" if sys.platform.startswith("linux") else "spawn")
     counter = ctx.Value("q", 0)
     total = sum(len(t.items) for t in todo)
-    bar = tqdm(total=total, unit="img", desc="preprocess", disable=quiet, smoothing=0.05)
     with cf.ProcessPoolExecutor(workers, mp_context=ctx, initializer=_init_worker,
                                 initargs=(counter,)) as pool:
+        # Submitting forks every worker; the progress bar (and its monitor thread) comes after, so
+        # the forks happen while this process is still single-threaded.
         pending = {pool.submit(process_task, t) for t in todo}
+        bar = tqdm(total=total, unit="img", desc="preprocess", disable=quiet, smoothing=0.05)
         try:
             while pending:
                 done, pending = cf.wait(pending, timeout=0.5, return_when=cf.FIRST_COMPLETED)

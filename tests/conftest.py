@@ -57,3 +57,14 @@ def tiny_overrides(data_root: Path, run_dir: Path, **extra) -> list[str]:
             "run.dir": str(run_dir), "run.progress": False, "run.tensorboard": False}
     base.update(extra)
     return [f"{k}={v}" for k, v in base.items()]
+
+
+def pytest_collection_modifyitems(config, items):
+    """Tests marked `gpu` skip where CUDA is absent (CI); on a GPU machine run them with -m gpu."""
+    import torch
+    if torch.cuda.is_available():
+        return
+    skip = pytest.mark.skip(reason="needs CUDA")
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip)

@@ -1,60 +1,18 @@
-"""The CUDA twins of the CPU tests: loader slots over CUDA IPC, replicas on one GPU, speed options.
+"""The CUDA twins of the CPU training tests: every loading mode, replicas on one GPU, speed options.
 
-Marked `gpu`: skipped without CUDA (CI); on a GPU machine: `python3 -m pytest -q -m gpu`.
+Marked `gpu`: skipped without CUDA (CI); on a GPU machine: `python3 -m pytest -q -m gpu`. The loader's
+own CUDA twins (slots over CUDA IPC, a killed loader) are the `cuda:0` cases of tests/test_loader.py.
 """
 from __future__ import annotations
 
-import os
-import signal
-import time
-
 import pytest
-import torch
 
 import train
 from alexnet.metrics import read_metrics
-from data.loader import InlineLoader, LoaderSpec
-from data.slot_loader import LoaderError, SlotLoader
 from tests.conftest import run_script, tiny_overrides
 from tests.test_parallel import DETERMINISTIC, rel_diff
 
 pytestmark = pytest.mark.gpu
-
-
-def cuda_spec(root, **kw) -> LoaderSpec:
-    base = {"root": str(root), "batch_size": 8, "val_batch_size": 5, "crop": 67, "seed": 3, "device": "cuda:0"}
-    base.update(kw)
-    return LoaderSpec(**base)
-
-
-@pytest.mark.parametrize("mode", ["process", "thread"])
-def test_cuda_slots_give_the_inline_batches(train_data, mode):
-    spec = cuda_spec(train_data, channels_last=mode == "process")
-    inline, slot = InlineLoader(spec), SlotLoader(spec, mode, k=2)
-    try:
-        for split, epoch, start in (("train", 0, 0), ("val", 0, 0), ("train", 1, 2)):
-            want = [(b.step, b.x.clone(), b.y.clone()) for b in inline.batches(split, epoch, start)]
-            got = [(b.step, b.x.clone(), b.y.clone()) for b in slot.batches(split, epoch, start)]
-            assert [w[0] for w in want] == [g[0] for g in got] and want
-            for (_, wx, wy), (_, gx, gy) in zip(want, got):
-                assert gx.is_cuda and torch.equal(wx, gx) and torch.equal(wy, gy)
-    finally:
-        slot.close()
-
-
-def test_cuda_killed_loader_is_reported(train_data):
-    loader = SlotLoader(cuda_spec(train_data), "process", k=2)
-    try:
-        it = loader.batches("train", 0)
-        next(it)
-        os.kill(loader.worker.pid, signal.SIGKILL)
-        start = time.monotonic()
-        with pytest.raises(LoaderError, match="killed by signal 9"):
-            for _ in it:
-                pass
-        assert time.monotonic() - start < 30
-    finally:
-        loader.close()
 
 
 @pytest.mark.parametrize("mode", ["process", "thread"])

@@ -19,6 +19,8 @@ from data.slot_loader import LoaderError, SlotLoader
 from tests.conftest import REPO, tiny_overrides
 from tests.test_train import assert_same_weights, stable
 
+DEVICES = ["cpu", pytest.param("cuda:0", marks=pytest.mark.gpu)]  # the CPU test and its CUDA twin
+
 
 def spec_for(root, **kw) -> LoaderSpec:
     base = {"root": str(root), "batch_size": 8, "val_batch_size": 5, "crop": 67, "seed": 3}
@@ -30,16 +32,17 @@ def collect(loader, split, epoch, start=0):
     return [(b.step, b.x.clone(), b.y.clone()) for b in loader.batches(split, epoch, start)]
 
 
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("mode", ["thread", "process"])
-def test_same_batches_as_inline(train_data, mode):
-    spec = spec_for(train_data, channels_last=mode == "thread")
+def test_same_batches_as_inline(train_data, mode, device):
+    spec = spec_for(train_data, channels_last=mode == "thread", device=device)
     inline, slot = InlineLoader(spec), SlotLoader(spec, mode, k=2)
     try:
         for split, epoch, start in (("train", 0, 0), ("val", 0, 0), ("train", 1, 2), ("train", 1, 0)):
             want, got = collect(inline, split, epoch, start), collect(slot, split, epoch, start)
             assert [w[0] for w in want] == [g[0] for g in got] and want
             for (_, wx, wy), (_, gx, gy) in zip(want, got):
-                assert torch.equal(wx, gx) and torch.equal(wy, gy)
+                assert gx.device == torch.device(device) and torch.equal(wx, gx) and torch.equal(wy, gy)
     finally:
         slot.close()
 
@@ -74,8 +77,9 @@ def test_loader_error_is_reported_with_the_file(train_data, tmp_path):
         loader.close()
 
 
-def test_trainer_gets_an_error_when_the_loader_is_killed(train_data):
-    loader = SlotLoader(spec_for(train_data), "process", k=2)
+@pytest.mark.parametrize("device", DEVICES)
+def test_trainer_gets_an_error_when_the_loader_is_killed(train_data, device):
+    loader = SlotLoader(spec_for(train_data, device=device), "process", k=2)
     try:
         it = loader.batches("train", 0)
         next(it)

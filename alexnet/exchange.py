@@ -71,7 +71,7 @@ class AllReduceAverage:
         unpack(self.flat, tensors)
 
     def close(self) -> None:
-        pass
+        """Nothing to release: the buffer is ordinary device memory."""
 
 
 class IpcAverage:

@@ -29,10 +29,11 @@ class Meter:
         self.sums = torch.zeros(4, dtype=torch.float64, device=device)
 
     def update(self, loss: torch.Tensor, logits: torch.Tensor, labels: torch.Tensor) -> None:
+        """Add one batch (mean `loss` over its samples); device ops only, no copy from the host."""
         n = labels.shape[0]
-        hits = topk_correct(logits, labels)
-        self.sums += torch.stack([loss.detach().double() * n, hits[0].double(), hits[1].double(),
-                                  torch.tensor(float(n), dtype=torch.float64, device=self.sums.device)])
+        self.sums[0] += loss.detach().double() * n
+        self.sums[1:3] += topk_correct(logits, labels).double()
+        self.sums[3] += n
 
     def add(self, sums: torch.Tensor) -> None:
         self.sums += sums.to(self.sums.device, torch.float64)

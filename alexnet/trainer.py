@@ -164,7 +164,6 @@ class Trainer:
         self.steps_per_epoch = self.loader.steps("train")
         self.global_batch = cfg.train.batch_size * dist.world
         self.schedule = LRSchedule(cfg.train, self.steps_per_epoch, self.lr_scale())
-
         self.ckpt = CheckpointDir(Path(cfg.run.dir) / "checkpoints", cfg.run.keep_last)
         self.log = MetricsLog(cfg.run.dir, cfg.run.tensorboard) if dist.is_main else None
         self.meter = Meter(self.device)
@@ -204,17 +203,19 @@ class Trainer:
         return 1.0
 
     def describe(self) -> str:
+        """The resolved setup, printed at start: replicas, global batch, lr, steps, loading, exchange."""
         t, p = self.cfg.train, self.cfg.parallel
-        parts = [f"{self.dist.world} replica(s), this one on {self.device}",
-                 f"global batch {self.global_batch} ({t.batch_size} per replica"
-                 + (f", {t.slices} slices" if t.slices > 1 else "") + ")",
-                 f"lr {self.schedule.target_lr():g}" + (f" (= {t.lr:g} x {self.lr_scale():g}, linear scaling)"
-                                                        if self.lr_scale() != 1 else ""),
+        batch = f"global batch {self.global_batch} ({t.batch_size} per replica"
+        batch += f", {t.slices} slices)" if t.slices > 1 else ")"
+        lr = f"lr {self.schedule.target_lr():g}"
+        if self.lr_scale() != 1:
+            lr += f" (= {t.lr:g} x {self.lr_scale():g}, linear scaling)"
+        parts = [f"{self.dist.world} replica(s), this one on {self.device}", batch, lr,
                  f"{self.steps_per_epoch} steps per epoch", f"loading {self.cfg.data.loading}"]
         if self.dist.distributed:
-            parts.append(f"exchange {p.exchange} via {self.dist.transport}"
-                         + (f" every {p.exchange_every} steps" if p.exchange == "weights" and p.exchange_every > 1
-                            else " every step" if p.exchange == "weights" else ""))
+            every = "" if p.exchange == "gradients" else (
+                " every step" if p.exchange_every == 1 else f" every {p.exchange_every} steps")
+            parts.append(f"exchange {p.exchange} via {self.dist.transport}{every}")
         return ", ".join(parts)
 
     def autocast(self):
@@ -227,16 +228,14 @@ class Trainer:
 
     def fit(self) -> dict:
         """Train (or resume) to train.epochs; returns the last validation metrics (or {})."""
-        self.resume()
-        print0(self.dist, self.describe())
-        t = self.cfg.train
-        if self.epoch >= t.epochs:
-            print0(self.dist, f"run {self.cfg.run.dir} already finished {self.epoch} epochs")
-            return self.last_val or {}
         try:
-            while self.epoch < t.epochs:
+            self.resume()
+            print0(self.dist, self.describe())
+            if self.epoch >= self.cfg.train.epochs:
+                print0(self.dist, f"run {self.cfg.run.dir} already finished {self.epoch} epochs")
+            while self.epoch < self.cfg.train.epochs:
                 if not self.train_one_epoch(self.epoch, self.step):
-                    return self.last_val or {}
+                    break
                 self.end_epoch()
         finally:
             self.close()
@@ -450,7 +449,7 @@ class Trainer:
                               f"multiple of the global batch {self.global_batch} (replicas x batch changed); "
                               "resume with a global batch that divides it, or from an epoch checkpoint")
         step = samples // self.global_batch
-        if step >= self.steps_per_epoch > 0 and step:
+        if step >= self.steps_per_epoch:
             raise ConfigError(f"{self.ckpt.last} stopped at step {step} of an epoch, but an epoch now has "
                               f"{self.steps_per_epoch} steps (batch size or data changed)")
         return step

@@ -166,4 +166,4 @@ class InlineLoader:
                 yield batch
 
     def close(self) -> None:
-        pass
+        """Nothing to stop: no thread or process works for the inline loader."""

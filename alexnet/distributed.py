@@ -102,7 +102,10 @@ def setup(cfg: Config) -> DistInfo:
 
 
 def teardown(info: DistInfo) -> None:
+    """Leave together: a replica that tears its connections down while a peer still finishes (rank 0
+    writing the last checkpoint) can make the C++ side abort at exit."""
     if info.distributed and dist.is_initialized():
+        dist.barrier(group=info.cpu_group)
         dist.destroy_process_group()
 
 

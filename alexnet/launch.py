@@ -14,6 +14,7 @@ launches share one initialisation path (alexnet/distributed.py). The launcher th
 """
 from __future__ import annotations
 
+import contextlib
 import os
 import select
 import signal
@@ -53,10 +54,8 @@ class Heartbeat:
         """Still alive (e.g. during a long validation), without entering a collective."""
         if self.fd is None:
             return
-        try:
+        with contextlib.suppress(OSError):  # launcher gone or pipe full: the heartbeat is best effort
             os.write(self.fd, _RECORD.pack(self.rank, self.count))
-        except OSError:  # launcher gone or pipe full: the heartbeat is best effort
-            pass
 
 
 def _how(code: int) -> str:

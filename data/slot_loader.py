@@ -22,6 +22,7 @@ is left to the trainer, which checkpoints and then closes the loader.
 """
 from __future__ import annotations
 
+import contextlib
 import signal
 import sys
 import threading
@@ -150,10 +151,8 @@ def worker_main(spec: LoaderSpec, slots: Slots, free_events, conn, in_process: b
     except (EOFError, BrokenPipeError, ConnectionResetError):
         return  # the trainer is gone: nothing to report to
     except BaseException:
-        try:
+        with contextlib.suppress(OSError):  # the trainer may be gone too: then nobody is listening
             conn.send(("error", traceback.format_exc()))
-        except OSError:
-            pass
         if in_process:
             sys.exit(1)
 
@@ -258,24 +257,21 @@ class SlotLoader:
         """Stop a job early: return every slot and wait for its end, so the next job starts clean."""
         if not self.worker.is_alive():
             return
-        try:
+        # If the loader fails meanwhile, the caller's own error is the one to report.
+        with contextlib.suppress(LoaderError, OSError):
             if held is not None:
                 self._give_back(held, stream)
             self.conn.send(("stop", job))
             while (msg := self._recv("the end of a stopped job"))[0] != "end":
                 self.conn.send(("free", msg[1]))
-        except (LoaderError, OSError):
-            pass  # the loader failed meanwhile; the caller's own error is the one to report
 
     def close(self) -> None:
         """Ask the loader to quit, and make sure it is gone."""
         if self._closed:
             return
         self._closed = True
-        try:
+        with contextlib.suppress(OSError):  # a dead loader's pipe is closed: nothing to ask
             self.conn.send(("quit",))
-        except OSError:
-            pass
         self.worker.join(10)
         if self.mode == "process" and self.worker.is_alive():
             self.worker.kill()

@@ -83,11 +83,13 @@ def bench_preprocess(args) -> dict:
             "draft_speedup": round(rows[0]["img_per_s"] / rows[1]["img_per_s"], 2), "rows": rows}
 
 
-def _timed_steps(step, steps: int, device, repeat: int) -> float:
-    """Median seconds for `steps` calls of step(), device work included."""
+def _timed_steps(step, steps: int, device, repeat: int, warmup: int = 0) -> float:
+    """Median seconds for `steps` calls of step(), device work included, after `warmup` calls."""
     import statistics
 
     import torch
+    for _ in range(warmup):
+        step()
     times = []
     for _ in range(repeat):
         if device.type == "cuda":
@@ -139,9 +141,7 @@ def bench_train(args) -> dict:
         for cl in (False, True):
             step = constant_batch_step(args.arch, args.width, crop, args.batch_size, precision, cl, device,
                                        args.compile)
-            for _ in range(args.warmup):
-                step()
-            seconds = _timed_steps(step, args.steps, device, args.repeat)
+            seconds = _timed_steps(step, args.steps, device, args.repeat, args.warmup)
             rows.append({"precision": precision, "channels_last": cl,
                          "img_per_s": round(args.batch_size * args.steps / seconds, 1),
                          "s_per_20_iter": round(seconds * 20 / args.steps, 3)})
@@ -189,9 +189,7 @@ def _loader_rate(loader, step, device, warmup: int, steps: int, repeat: int) -> 
         b = next(batches)
         if step is not None:
             step(b.x, b.y)
-    for _ in range(warmup):
-        one()
-    return _timed_steps(one, steps, device, repeat)
+    return _timed_steps(one, steps, device, repeat, warmup)
 
 
 def bench_loading(args) -> dict:
@@ -213,9 +211,8 @@ def bench_loading(args) -> dict:
                          "s_per_20_iter": round(seconds * 20 / args.steps, 3)})
         step = constant_batch_step(args.arch, args.width, crop, args.batch_size, args.precision,
                                    args.channels_last, device, num_classes=classes)
-        for _ in range(args.warmup):
-            step()
-        add("constant on-device batch (upper bound)", _timed_steps(step, args.steps, device, args.repeat))
+        add("constant on-device batch (upper bound)", _timed_steps(step, args.steps, device, args.repeat,
+                                                                   args.warmup))
         train_step = trainer_step(args.arch, args.width, crop, args.precision, args.channels_last, device,
                                   num_classes=classes)
         for mode in ("process", "thread", "inline"):
@@ -297,17 +294,11 @@ def _exchange_worker(rank: int, world: int, port: int, args, out: str) -> None:
     if rank == 0:
         step = constant_batch_step(args.arch, args.width, crop, args.batch_size, "fp32", False, device)
         rows.append({"what": f"one training step, 1 replica, batch {args.batch_size}", "mbytes": "",
-                     "ms": round(1e3 * timed_steps_local(step, device, args.warmup, args.repeat), 2)})
+                     "ms": round(1e3 * _timed_steps(step, 1, device, args.repeat, args.warmup), 2)})
         Path(out).write_text(json.dumps({"rows": rows, "devices": [str(d) for d in devices],
                                          "device": _device_name(device)}))
     dist.barrier(group=cpu)
     dist.destroy_process_group()
-
-
-def timed_steps_local(step, device, warmup: int, repeat: int) -> float:
-    for _ in range(warmup):
-        step()
-    return _timed_steps(step, 1, device, repeat)
 
 
 def _table1(args) -> list[dict]:

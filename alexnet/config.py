@@ -47,6 +47,8 @@ class ModelConfig:
     arch: str = "alexnet"          # alexnet | caffenet | owt
     width: float = 1.0             # channel multiplier (small demos and tests)
     dropout: float = 0.5
+    dropout_style: str = "inverted"  # inverted: scaled in training (PyTorch); theano: scaled by (1-p) at
+                                     # test time (the paper; continues a converted Theano run exactly)
     num_classes: int | None = None  # default: the dataset's
     init: str = "paper"            # paper: N(0, 0.01) etc. as the Theano reproduction; torch: PyTorch's
 
@@ -120,6 +122,7 @@ CHOICES: dict[str, tuple] = {
     "data.loading": ("process", "thread", "inline"),
     "model.arch": ("alexnet", "caffenet", "owt"),
     "model.init": ("paper", "torch"),
+    "model.dropout_style": ("inverted", "theano"),
     "train.lr_policy": ("step", "auto", "cosine", "constant"),
     "train.precision": ("fp32", "tf32", "bf16"),
     "train.lr_scaling": ("none", "linear"),

@@ -107,7 +107,7 @@ def _from_checkpoint(path, state: dict, arch: str | None, width: float | None) -
         raise ValueError(f"{path} is a checkpoint of arch {m.arch!r}, not {arch!r}; omit --arch")
     if width is not None and width != m.width:
         raise ValueError(f"{path} is a checkpoint of width {m.width}, not {width}")
-    model = _build(m.arch, int(state["num_classes"]), m.width, d.crop, m.dropout)
+    model = _build(m.arch, int(state["num_classes"]), m.width, d.crop, m.dropout, m.dropout_style)
     _load_strict(model, state["model"], path)
     info = _info(m.arch, m.width, d.crop, d.mean, state["num_classes"], "checkpoint", d.channel_mean,
                  d.channel_std, state.get("classes"))
@@ -194,9 +194,10 @@ def _infer_width(path, arch: str, state: dict, num_classes: int, crop: int,
     raise ValueError(f"{path}: the tensor shapes match no width of {arch} (keys {_first(list(state))})")
 
 
-def _build(arch: str, num_classes: int, width: float, crop: int, dropout: float = 0.5) -> nn.Module:
+def _build(arch: str, num_classes: int, width: float, crop: int, dropout: float = 0.5,
+           dropout_style: str = "inverted") -> nn.Module:
     with torch.random.fork_rng(devices=[]):  # initial values are overwritten: leave the caller's RNG alone
-        return build_model(arch, num_classes, width, dropout, crop, init="torch")
+        return build_model(arch, num_classes, width, dropout, crop, init="torch", dropout_style=dropout_style)
 
 
 def _load_strict(model: nn.Module, state: dict, path) -> None:

@@ -14,7 +14,7 @@ from collections import OrderedDict
 import torch
 from torch import nn
 
-from layers import LRN
+from layers import LRN, Dropout
 
 ARCHS = ("alexnet", "caffenet", "owt")
 INITS = ("paper", "torch")
@@ -73,7 +73,8 @@ class AlexNet(nn.Module):
     pool_before_norm = False
 
     def __init__(
-        self, num_classes: int = 1000, width: float = 1.0, dropout: float = 0.5, crop: int = 227
+        self, num_classes: int = 1000, width: float = 1.0, dropout: float = 0.5, crop: int = 227,
+        dropout_style: str = "inverted",
     ) -> None:
         super().__init__()
         self.crop = crop
@@ -91,10 +92,10 @@ class AlexNet(nn.Module):
         self.classifier = nn.Sequential(OrderedDict([
             ("fc6", nn.Linear(c5 * side * side, hidden)),
             ("relu6", _relu()),
-            ("drop6", nn.Dropout(dropout)),
+            ("drop6", Dropout(dropout, dropout_style)),
             ("fc7", nn.Linear(hidden, hidden)),
             ("relu7", _relu()),
-            ("drop7", nn.Dropout(dropout)),
+            ("drop7", Dropout(dropout, dropout_style)),
             ("fc8", nn.Linear(hidden, num_classes)),
         ]))
 
@@ -125,7 +126,8 @@ class OWTAlexNet(nn.Module):
     """torchvision's AlexNet (Krizhevsky 2014, "one weird trick"); same state-dict keys."""
 
     def __init__(
-        self, num_classes: int = 1000, width: float = 1.0, dropout: float = 0.5, crop: int = 224
+        self, num_classes: int = 1000, width: float = 1.0, dropout: float = 0.5, crop: int = 224,
+        dropout_style: str = "inverted",
     ) -> None:
         super().__init__()
         self.crop = crop  # informational: the adaptive pool makes the layers crop-independent
@@ -141,8 +143,8 @@ class OWTAlexNet(nn.Module):
         )
         self.avgpool = nn.AdaptiveAvgPool2d((_OWT_POOL, _OWT_POOL))
         self.classifier = nn.Sequential(
-            nn.Dropout(dropout), nn.Linear(c5 * _OWT_POOL * _OWT_POOL, hidden), _relu(),
-            nn.Dropout(dropout), nn.Linear(hidden, hidden), _relu(),
+            Dropout(dropout, dropout_style), nn.Linear(c5 * _OWT_POOL * _OWT_POOL, hidden), _relu(),
+            Dropout(dropout, dropout_style), nn.Linear(hidden, hidden), _relu(),
             nn.Linear(hidden, num_classes),
         )
         # fmt: on
@@ -207,10 +209,12 @@ def build_model(
     dropout: float = 0.5,
     crop: int = 227,
     init: str = "paper",
+    dropout_style: str = "inverted",
 ) -> nn.Module:
-    """Build ``arch`` for ``crop`` x ``crop`` inputs; ``init``: "paper" (default) or "torch"."""
+    """Build ``arch`` for ``crop`` x ``crop`` inputs; ``init``: "paper" (default) or "torch";
+    ``dropout_style``: "inverted" (PyTorch's) or "theano" (scaled at test time; layers/dropout.py)."""
     _validate(arch, num_classes, width, dropout, crop, init)
-    model = _CLASSES[arch](int(num_classes), float(width), float(dropout), int(crop))
+    model = _CLASSES[arch](int(num_classes), float(width), float(dropout), int(crop), dropout_style)
     if init == "paper":
         init_paper_(model)
     return model

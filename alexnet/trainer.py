@@ -36,7 +36,8 @@ from .optim import LRSchedule, build_optimizer
 CHECKPOINT_KIND = "alexnet-checkpoint"
 _NO_BAD_STEP = 2**62
 # Keys a checkpoint and the current config must agree on to resume (the model's shape and the data).
-RESUME_KEYS = (("model", "arch"), ("model", "width"), ("model", "num_classes"), ("data", "crop"), ("data", "mean"))
+RESUME_KEYS = (("model", "arch"), ("model", "width"), ("model", "num_classes"), ("model", "dropout_style"),
+               ("data", "crop"), ("data", "mean"))
 
 
 class NonFiniteLoss(RuntimeError):
@@ -177,7 +178,8 @@ class Trainer:
     def _build_model(self) -> torch.nn.Module:
         m = self.cfg.model
         torch.manual_seed(self.cfg.train.seed)  # the same initial weights on every replica
-        model = build_model(m.arch, self.num_classes, m.width, m.dropout, self.cfg.data.crop, m.init)
+        model = build_model(m.arch, self.num_classes, m.width, m.dropout, self.cfg.data.crop, m.init,
+                            m.dropout_style)
         model = model.to(self.device)
         if self.cfg.train.channels_last:
             model = model.to(memory_format=torch.channels_last)
@@ -434,9 +436,10 @@ class Trainer:
     def _check_compatible(self, state: dict) -> None:
         if state.get("kind") != CHECKPOINT_KIND:
             raise DataError(f"{self.ckpt.last} is not a training checkpoint of this repository")
-        saved = state["config"]
+        saved, defaults = state["config"], Config()
         for section, key in RESUME_KEYS:
-            was, now = saved[section][key], getattr(getattr(self.cfg, section), key)
+            now = getattr(getattr(self.cfg, section), key)
+            was = saved[section].get(key, getattr(getattr(defaults, section), key))  # older checkpoints
             if was != now and not (key == "num_classes" and now is None):
                 raise ConfigError(f"{self.ckpt.last} was trained with {section}.{key}={was!r}, this config has "
                                   f"{now!r}; use another run.dir or the same setting")

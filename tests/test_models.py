@@ -10,7 +10,7 @@ import torch
 from torch import nn
 
 from alexnet.models import ARCHS, build_model, count_params, init_paper_, min_crop
-from layers import LRN
+from layers import LRN, Dropout
 
 # torchvision.models.alexnet().state_dict(), written out so the test needs no torchvision.
 TORCHVISION_SHAPES = {
@@ -187,7 +187,7 @@ def test_odd_width_real_forward() -> None:
 @pytest.mark.parametrize("rate", [0.0, 0.3])
 def test_dropout_rate_and_structure(arch: str, rate: float) -> None:
     model = _meta_model(arch, dropout=rate)
-    drops = _layers(model, nn.Dropout)
+    drops = _layers(model, Dropout)
     assert len(drops) == 2 and all(d.p == rate for d in drops)
     assert model.state_dict().keys() == _meta_model(arch).state_dict().keys()
 

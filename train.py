@@ -34,7 +34,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0],
                                 epilog="Overrides: section.key=value, e.g. train.epochs=10 data.root=DIR")
     p.add_argument("config", help="YAML config (see configs/); states only what differs from the defaults")
-    p.add_argument("overrides", nargs="*", help="dotted overrides, e.g. train.lr=0.02")
+    p.add_argument("overrides", nargs="*", default=[], help="optional dotted overrides, e.g. train.lr=0.02")
     return p.parse_args(argv)
 
 

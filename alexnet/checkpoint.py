@@ -89,7 +89,45 @@ class CheckpointDir:
         return self.root / "best.pt"
 
     def exists(self) -> bool:
-        return self.last.is_file()
+        return bool(self.candidates())
+
+    def candidates(self) -> list[Path]:
+        """Files a run can resume from, newest first: last.pt, the epoch files, best.pt.
+
+        Hard links to one file are listed once (a corrupt last.pt is then not read twice as its
+        epoch file).
+        """
+        if not self.root.is_dir():
+            return []
+        epochs = sorted((p for p in self.root.iterdir() if EPOCH_FILE.match(p.name)), reverse=True)
+        out, seen = [], set()
+        for path in (self.last, *epochs, self.best):
+            try:
+                st = path.stat()
+            except OSError:
+                continue
+            if (st.st_dev, st.st_ino) not in seen:
+                seen.add((st.st_dev, st.st_ino))
+                out.append(path)
+        return out
+
+    def load_newest(self, warn=print) -> tuple[dict, Path]:
+        """The newest checkpoint that loads, and its path; `warn` is told about each one skipped.
+
+        CheckpointError (naming every file tried) when none loads.
+        """
+        failures = []
+        for path in self.candidates():
+            try:
+                state = load(path)
+            except CheckpointError as e:
+                failures.append(str(e))
+                continue
+            for failure in failures:
+                warn(f"warning: {failure}; resuming from {path} instead")
+            return state, path
+        raise CheckpointError("no checkpoint of " + str(self.root) + " can be loaded: " + "; ".join(failures)
+                              + " (move the run directory away to start afresh, or set run.dir)")
 
     def save(self, state: dict, epoch_done: bool, is_best: bool) -> Path:
         """Write `state` as last.pt; also as epoch_NNN.pt at an epoch end and as best.pt if best."""

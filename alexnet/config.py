@@ -90,6 +90,8 @@ class RunConfig:
     dir: str = "runs/default"
     keep_last: int = 3             # per-epoch checkpoints kept besides last.pt and best.pt
     save_every_steps: int = 0      # also checkpoint every N steps mid-epoch (0: only at epoch ends)
+    resume_from: str = ""          # a checkpoint to start from when run.dir has none yet (e.g. a Theano
+                                   # epoch converted by scripts/convert_weights.py --momentum)
     device: str = "auto"           # auto (cuda if present) | cpu | cuda | cuda:N
     progress: bool = True          # tqdm progress bar
     tensorboard: bool = True       # event files, when tensorboard is installed

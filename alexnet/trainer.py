@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import math
 import signal
+import sys
 import time
 from pathlib import Path
 
@@ -24,7 +25,7 @@ from data.loader import InlineLoader, LoaderSpec
 from data.reader import load_meta
 from data.slot_loader import SlotLoader
 
-from .checkpoint import CheckpointDir, load
+from .checkpoint import CheckpointDir, CheckpointError, load
 from .config import Config, ConfigError, to_dict
 from .distributed import DistInfo, print0
 from .exchange import WeightExchange, broadcast_from_rank0, wrap_gradients
@@ -88,9 +89,10 @@ def rng_state(device: torch.device) -> dict:
 
 
 def set_rng_state(state: dict, device: torch.device) -> None:
-    torch.set_rng_state(state["cpu"])
+    """Restore rng_state()'s output; the states must be CPU byte tensors (torch refuses others)."""
+    torch.set_rng_state(state["cpu"].cpu())
     if device.type == "cuda" and "cuda" in state:
-        torch.cuda.set_rng_state(state["cuda"], device)
+        torch.cuda.set_rng_state(state["cuda"].cpu(), device)
 
 
 def configure_backends(precision: str, device: torch.device) -> None:
@@ -410,18 +412,18 @@ class Trainer:
                 print0(self.dist, f"checkpoint at epoch {self.epoch + 1}, step {self.step}: {path}")
 
     def resume(self) -> None:
-        """Continue from <run.dir>/checkpoints/last.pt if it exists."""
-        if not self.ckpt.exists():
+        """Continue from the run's newest loadable checkpoint, else from run.resume_from if set."""
+        state, path = self._resume_state()
+        if state is None:
             return
-        state = load(self.ckpt.last, map_location=self.device)
-        self._check_compatible(state)
+        self._check_compatible(state, path)
         self.model.load_state_dict(state["model"])
-        self.optimizer.load_state_dict(state["optimizer"])
+        self.optimizer.load_state_dict(state["optimizer"])  # moves the velocities to the parameters' device
         self.schedule.load_state_dict(state["schedule"])
-        if self.log is not None:
-            self.log.truncate_after(state["global_step"])
-        self.epoch, self.step = state["epoch"], self._resume_step(state)
+        self.epoch, self.step = state["epoch"], self._resume_step(state, path)
         self.global_step = self.epoch * self.steps_per_epoch + self.step
+        if self.log is not None:  # records after the checkpoint, counted in the steps of its run
+            self.log.truncate_after(state.get("global_step", self.global_step))
         self.best_err, self.elapsed_before = state["best_top1_err"], state["elapsed"]
         if self.dist.is_main:  # the window's sums were reduced when saved: count them once
             self.meter.sums.copy_(state["meter"])
@@ -430,30 +432,62 @@ class Trainer:
             set_rng_state(ranks[self.dist.rank], self.device)
         else:  # another number of replicas: a fresh, still deterministic, dropout stream
             torch.manual_seed(dropout_seed(self.cfg.train.seed + self.global_step, self.dist.rank))
-        print0(self.dist, f"resumed from {self.ckpt.last}: epoch {self.epoch + 1}, step {self.step} "
+        if "next_lr" in state:
+            self._adopt_lr(float(state["next_lr"]), path)
+        print0(self.dist, f"resumed from {path}: epoch {self.epoch + 1}, step {self.step} "
                           f"(global step {self.global_step})")
 
-    def _check_compatible(self, state: dict) -> None:
+    def _resume_state(self) -> tuple[dict | None, Path | None]:
+        """(state, path) of what to resume from, loaded to the CPU, or (None, None) for a fresh run.
+
+        CPU first, whatever the device: the RNG states must stay CPU byte tensors, and the optimizer
+        moves its state to the parameters itself.
+        """
+        warn = (lambda msg: print(msg, file=sys.stderr, flush=True)) if self.dist.is_main else (lambda msg: None)
+        if self.ckpt.exists():
+            try:
+                return self.ckpt.load_newest(warn)
+            except CheckpointError as e:
+                raise DataError(str(e)) from None
+        if not self.cfg.run.resume_from:
+            return None, None
+        path = Path(self.cfg.run.resume_from)
+        try:
+            return load(path), path
+        except CheckpointError as e:
+            raise DataError(f"run.resume_from: {e}") from None
+
+    def _adopt_lr(self, lr: float, path: Path) -> None:
+        """A converted checkpoint states the lr its run would use next; make ours agree or say so."""
+        ours = self.schedule.lr_at(self.global_step)
+        if self.cfg.train.lr_policy == "auto" and ours > 0:
+            self.schedule.auto_factor *= lr / ours  # the auto policy's state is exactly that factor
+        elif not math.isclose(ours, lr, rel_tol=1e-6):
+            print0(self.dist, f"warning: {path} continues at lr {lr:g}, but this config gives lr {ours:g} at "
+                              f"epoch {self.epoch + 1}; training uses the config's (set train.lr / lr_steps, or "
+                              "train.lr_policy=auto to adopt the file's)")
+
+    def _check_compatible(self, state: dict, path: Path) -> None:
         if state.get("kind") != CHECKPOINT_KIND:
-            raise DataError(f"{self.ckpt.last} is not a training checkpoint of this repository")
+            raise DataError(f"{path} is not a training checkpoint of this repository")
         saved, defaults = state["config"], Config()
         for section, key in RESUME_KEYS:
             now = getattr(getattr(self.cfg, section), key)
             was = saved[section].get(key, getattr(getattr(defaults, section), key))  # older checkpoints
             if was != now and not (key == "num_classes" and now is None):
-                raise ConfigError(f"{self.ckpt.last} was trained with {section}.{key}={was!r}, this config has "
+                raise ConfigError(f"{path} was trained with {section}.{key}={was!r}, this config has "
                                   f"{now!r}; use another run.dir or the same setting")
 
-    def _resume_step(self, state: dict) -> int:
+    def _resume_step(self, state: dict, path: Path) -> int:
         """The checkpoint's position in this run's steps (the global batch may have changed)."""
         samples = state["step"] * state.get("global_batch", self.global_batch)
         if samples % self.global_batch:
-            raise ConfigError(f"{self.ckpt.last} stopped {samples} images into epoch {state['epoch'] + 1}, not a "
+            raise ConfigError(f"{path} stopped {samples} images into epoch {state['epoch'] + 1}, not a "
                               f"multiple of the global batch {self.global_batch} (replicas x batch changed); "
                               "resume with a global batch that divides it, or from an epoch checkpoint")
         step = samples // self.global_batch
         if step >= self.steps_per_epoch:
-            raise ConfigError(f"{self.ckpt.last} stopped at step {step} of an epoch, but an epoch now has "
+            raise ConfigError(f"{path} stopped at step {step} of an epoch, but an epoch now has "
                               f"{self.steps_per_epoch} steps (batch size or data changed)")
         return step
 

@@ -206,3 +206,53 @@ def test_demo_config_learns(tmp_path):
     assert val[-1]["top1_err"] < val[0]["top1_err"]
     assert json.loads((data / "meta.json").read_text())["num_classes"] == 10
     assert os.path.getsize(run / "checkpoints" / "best.pt") > 0
+
+
+def test_corrupt_last_checkpoint_falls_back_to_the_newest_that_loads(train_data, tmp_path, capsys):
+    """last.pt (and its hard-linked epoch file) damaged on disk: resume from epoch_001.pt, warn, same result."""
+    straight, run = tmp_path / "straight", tmp_path / "run"
+    assert train.main(["configs/demo.yaml", *tiny_overrides(train_data, straight, **{"train.epochs": 3})]) == 0
+    assert train.main(["configs/demo.yaml", *tiny_overrides(train_data, run)]) == 0
+    last = run / "checkpoints" / "last.pt"
+    assert last.stat().st_ino == (run / "checkpoints" / "epoch_002.pt").stat().st_ino
+    with open(last, "r+b") as f:  # damage in place: epoch_002.pt, the same file, is damaged too
+        f.truncate(last.stat().st_size // 2)
+    capsys.readouterr()
+    assert train.main(["configs/demo.yaml", *tiny_overrides(train_data, run, **{"train.epochs": 3})]) == 0
+    err = capsys.readouterr().err
+    assert f"{last}: cannot be loaded" in err and f"resuming from {run / 'checkpoints' / 'epoch_001.pt'}" in err
+    assert_same_weights(straight / "checkpoints" / "last.pt", last)
+    assert stable(read_metrics(straight / "metrics.jsonl")) == stable(read_metrics(run / "metrics.jsonl"))
+
+
+def test_no_loadable_checkpoint_exits_2_naming_the_file(train_data, tmp_path):
+    run = tmp_path / "run"
+    (run / "checkpoints").mkdir(parents=True)
+    (run / "checkpoints" / "last.pt").write_bytes(b"PK\x03\x04 not a checkpoint")
+    r = run_script("train.py", "configs/demo.yaml", *tiny_overrides(train_data, run))
+    assert r.returncode == 2 and f"{run / 'checkpoints' / 'last.pt'}: cannot be loaded" in r.stderr, r.stderr
+    assert "Traceback" not in r.stderr
+
+
+def test_resume_from_starts_a_new_run_where_a_checkpoint_ended(train_data, tmp_path):
+    """run.resume_from=FILE in a fresh run.dir == continuing the run that wrote FILE."""
+    straight, first, second = tmp_path / "straight", tmp_path / "first", tmp_path / "second"
+    assert train.main(["configs/demo.yaml", *tiny_overrides(train_data, straight)]) == 0
+    assert train.main(["configs/demo.yaml", *tiny_overrides(train_data, first, **{"train.epochs": 1})]) == 0
+    src = first / "checkpoints" / "epoch_001.pt"
+    assert train.main(["configs/demo.yaml", *tiny_overrides(train_data, second), f"run.resume_from={src}"]) == 0
+    assert_same_weights(straight / "checkpoints" / "last.pt", second / "checkpoints" / "last.pt")
+    # its own checkpoint wins from then on: re-running goes on from second/, not from src
+    assert train.main(["configs/demo.yaml", *tiny_overrides(train_data, second, **{"train.epochs": 2}),
+                       f"run.resume_from={tmp_path / 'gone.pt'}"]) == 0
+
+
+def test_resume_from_a_missing_file_exits_2(train_data, tmp_path):
+    r = run_script("train.py", "configs/demo.yaml", *tiny_overrides(train_data, tmp_path / "run"),
+                   f"run.resume_from={tmp_path / 'nope.pt'}")
+    assert r.returncode == 2 and f"run.resume_from: {tmp_path / 'nope.pt'}" in r.stderr, r.stderr
+
+
+def test_no_arguments_names_only_the_config_as_required():
+    r = run_script("train.py")
+    assert r.returncode == 2 and "required: config" in r.stderr and "overrides" not in r.stderr.splitlines()[-1]

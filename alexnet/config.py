@@ -76,6 +76,8 @@ class TrainConfig:
     precision: str = "fp32"        # fp32 | tf32 | bf16 (autocast)
     channels_last: bool = False
     compile: bool = False          # torch.compile the model
+    deterministic: bool = False    # bitwise-repeatable GPU runs: deterministic algorithms only, no cuDNN
+                                   # autotuning, fixed-order pooling/LRN backward (somewhat slower)
     slices: int = 1                # each replica's batch runs as this many sequential micro-batches
                                    # (gradients accumulated, one update: Synkhronos' input slicing)
     lr_scaling: str = "none"       # linear: lr x (total batch / lr_ref_batch) (Goyal et al. 2017)

@@ -14,7 +14,7 @@ from collections import OrderedDict
 import torch
 from torch import nn
 
-from layers import LRN, Dropout
+from layers import LRN, AdaptiveAvgPool, Dropout, MaxPool
 
 ARCHS = ("alexnet", "caffenet", "owt")
 INITS = ("paper", "torch")
@@ -106,7 +106,7 @@ class AlexNet(nn.Module):
         if norm:
             tail.append((f"norm{i}", LRN()))
         if pool:
-            tail.append((f"pool{i}", nn.MaxPool2d(3, 2)))
+            tail.append((f"pool{i}", MaxPool(3, 2)))
         if self.pool_before_norm:
             tail.reverse()
         return [(f"conv{i}", conv), (f"relu{i}", _relu()), *tail]
@@ -135,13 +135,13 @@ class OWTAlexNet(nn.Module):
         hidden = _channels(4096, width)
         # fmt: off
         self.features = nn.Sequential(
-            nn.Conv2d(3, c1, 11, stride=4, padding=2), _relu(), nn.MaxPool2d(3, 2),
-            nn.Conv2d(c1, c2, 5, padding=2), _relu(), nn.MaxPool2d(3, 2),
+            nn.Conv2d(3, c1, 11, stride=4, padding=2), _relu(), MaxPool(3, 2),
+            nn.Conv2d(c1, c2, 5, padding=2), _relu(), MaxPool(3, 2),
             nn.Conv2d(c2, c3, 3, padding=1), _relu(),
             nn.Conv2d(c3, c4, 3, padding=1), _relu(),
-            nn.Conv2d(c4, c5, 3, padding=1), _relu(), nn.MaxPool2d(3, 2),
+            nn.Conv2d(c4, c5, 3, padding=1), _relu(), MaxPool(3, 2),
         )
-        self.avgpool = nn.AdaptiveAvgPool2d((_OWT_POOL, _OWT_POOL))
+        self.avgpool = AdaptiveAvgPool((_OWT_POOL, _OWT_POOL))
         self.classifier = nn.Sequential(
             Dropout(dropout, dropout_style), nn.Linear(c5 * _OWT_POOL * _OWT_POOL, hidden), _relu(),
             Dropout(dropout, dropout_style), nn.Linear(hidden, hidden), _relu(),

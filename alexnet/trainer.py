@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+import os
 import signal
 import sys
 import time
@@ -95,13 +96,21 @@ def set_rng_state(state: dict, device: torch.device) -> None:
         torch.cuda.set_rng_state(state["cuda"].cpu(), device)
 
 
-def configure_backends(precision: str, device: torch.device) -> None:
-    """tf32 matmuls/convolutions only for precision tf32; cuDNN autotuning on GPUs."""
+def configure_backends(precision: str, device: torch.device, deterministic: bool = False) -> None:
+    """tf32 matmuls/convolutions only for precision tf32; cuDNN autotuning on GPUs unless deterministic.
+
+    Deterministic: torch's deterministic algorithms (an op without one raises instead of running),
+    cuDNN without autotuning (it may pick other algorithms from run to run), cuBLAS with a fixed
+    workspace (its documented requirement), and the fixed-order pooling and LRN of layers/.
+    """
     tf32 = precision == "tf32"
     torch.backends.cuda.matmul.allow_tf32 = tf32
     torch.backends.cudnn.allow_tf32 = tf32
-    if device.type == "cuda":
-        torch.backends.cudnn.benchmark = True
+    if deterministic:
+        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+    torch.use_deterministic_algorithms(deterministic)
+    torch.backends.cudnn.deterministic = deterministic
+    torch.backends.cudnn.benchmark = device.type == "cuda" and not deterministic
 
 
 def autocast_for(precision: str, device: torch.device):
@@ -157,7 +166,7 @@ class Trainer:
         self.meta = load_meta(cfg.data.root)
         self.num_classes = resolve_num_classes(cfg, self.meta)
         self.has_val = "val" in self.meta["splits"]
-        configure_backends(cfg.train.precision, self.device)
+        configure_backends(cfg.train.precision, self.device, cfg.train.deterministic)
         self.model = self._build_model()
         self.optimizer = build_optimizer(self.model, cfg.train)
         self.heartbeat = Heartbeat(dist.rank)

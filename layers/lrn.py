@@ -3,6 +3,10 @@
 The paper writes b_i = a_i / (k + alpha * sum_{j in window(i)} a_j^2)^beta, with alpha NOT divided
 by the window size n. torch's ``local_response_norm`` divides alpha by n, so ``LRN`` passes
 ``alpha * size`` to it: the result is the paper's formula computed by the framework's own op.
+
+That op sums the window with ``avg_pool3d``, whose CUDA backward adds with atomics (and raises in
+torch's deterministic mode). Under ``torch.use_deterministic_algorithms(True)`` (``train.deterministic``)
+the window sum is instead a fixed sequence of shifted slice additions, on every device.
 """
 
 from __future__ import annotations
@@ -33,6 +37,8 @@ class LRN(nn.Module):
         self.k = float(k)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if torch.are_deterministic_algorithms_enabled():
+            return x / (self.k + self.alpha * channel_window_sum(x * x, self.size)) ** self.beta
         # torch computes k + (alpha' / n) * sum: alpha' = alpha * n gives the paper's denominator.
         alpha = self.alpha * self.size
         return F.local_response_norm(x, self.size, alpha=alpha, beta=self.beta, k=self.k)
@@ -42,6 +48,19 @@ class LRN(nn.Module):
             f"size={self.size}, alpha={self.alpha}, beta={self.beta}, k={self.k}"
             " (paper form: alpha not divided by size)"
         )
+
+
+def channel_window_sum(x: torch.Tensor, size: int) -> torch.Tensor:
+    """sum of x over the centred window of `size` channels (zeros beyond the edges), for (N, C, H, W).
+
+    Shifted slices added in a fixed order: forward and backward are plain dense ops, deterministic.
+    """
+    half, channels = size // 2, x.shape[1]
+    padded = F.pad(x, (0, 0, 0, 0, half, half))
+    total = padded[:, :channels]
+    for i in range(1, size):
+        total = total + padded[:, i:i + channels]
+    return total
 
 
 def lrn_reference(

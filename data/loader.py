@@ -132,9 +132,15 @@ class BatchMaker:
         return images, labels, positions
 
     def to_device(self, split: str, epoch: int, images: np.ndarray, labels: np.ndarray, positions: np.ndarray,
-                  out: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-        """Device side: upload, then crop, flip and normalise into `out` (or a new tensor)."""
+                  out: torch.Tensor | None = None, before_write=None) -> tuple[torch.Tensor, torch.Tensor]:
+        """Device side: upload, then crop, flip and normalise into `out` (or a new tensor).
+
+        `before_write` runs between the upload and the first write into `out` (the loader makes its
+        stream wait there until the trainer has freed the slot, so the upload need not wait too).
+        """
         x8, y = self.stager.upload(images, labels)
+        if before_write is not None:
+            before_write()
         x = self.normalize(x8, self.crops(split, epoch, positions), self.spec.crop, out=out)
         if out is None and not self.spec.channels_last:
             x = x.contiguous()

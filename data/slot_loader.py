@@ -121,9 +121,9 @@ class _Worker:
         n = len(labels)
         if n:
             with torch.cuda.stream(self.stream):  # a no-op context for None (CPU)
-                if self.stream is not None:
-                    self.stream.wait_event(self.free_events[slot])
-                _, y = self.maker.to_device(split, epoch, images, labels, positions, out=self.slots.x[slot])
+                wait = None if self.stream is None else (lambda: self.stream.wait_event(self.free_events[slot]))
+                _, y = self.maker.to_device(split, epoch, images, labels, positions, out=self.slots.x[slot],
+                                            before_write=wait)
                 self.slots.y[slot][:n].copy_(y, non_blocking=True)
                 if self.stream is not None:
                     self.ready_events[slot].record(self.stream)
@@ -172,6 +172,12 @@ class SlotLoader:
         self._steps = count_steps(spec)
         self.slots = allocate_slots(spec, k, shared=mode == "process")
         self.free_events = _events(self.device, k, interprocess=mode == "process")
+        if self.free_events is not None:
+            # The slots were allocated (labels zero-filled) on this stream: the loader's first write
+            # into a slot must wait for that too, and a never-recorded event would not make it wait.
+            stream = torch.cuda.current_stream(self.device)
+            for event in self.free_events:
+                event.record(stream)
         self.job, self._closed = 0, False
         if mode == "process":
             ctx = mp.get_context("spawn")

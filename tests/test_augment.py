@@ -63,3 +63,19 @@ def test_ten_crops_are_corners_center_and_mirrors():
     got = {(int(v.oy[0]), int(v.ox[0]), bool(v.flip[0])) for v in views}
     assert got == {(oy, ox, f) for f in (False, True) for oy, ox in ((0, 0), (0, 32), (32, 0), (32, 32), (16, 16))}
     assert isinstance(views[0], CropSpec)
+
+
+def test_whole_batch_views_slice_exactly_as_the_gather(tmp_path):
+    """Center/10-crop views take the slicing path; it must equal the per-image gather bit for bit."""
+    import numpy as np
+    import torch
+
+    from data.augment import Normalizer, ten_crops
+    rng = np.random.default_rng(0)
+    images = torch.from_numpy(rng.integers(0, 256, (3, 20, 20, 3), dtype=np.uint8))
+    for mode, mean in (("image", rng.random((20, 20, 3)).astype(np.float32) * 255), ("channel", None)):
+        norm = Normalizer(mode, mean, [0.4, 0.5, 0.6], [0.2, 0.3, 0.25])
+        for view in ten_crops(3, 20, 15):
+            sliced = norm(images, view, 15)
+            gathered = norm._gather(images, view, 15).permute(0, 3, 1, 2)
+            assert torch.equal(sliced, gathered)

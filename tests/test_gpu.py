@@ -50,3 +50,69 @@ def test_speed_options_train(train_data, tmp_path, option):
     assert train.main(["configs/demo.yaml", *over, option]) == 0
     val = [x for x in read_metrics(run / "metrics.jsonl") if x["split"] == "val"]
     assert val and val[-1]["loss"] == val[-1]["loss"]  # finite, not NaN
+
+
+# -- stream ordering and host waits (issue "Every GPU path right the first time", items 2 and 5) ----------
+# torch.cuda._sleep keeps a stream busy for a while; whatever is queued behind it has not run yet. A host
+# call that returns while the stream is still busy (stream.query() is False) did not wait for the device.
+
+def _busy(stream=None, cycles: int = 2_000_000_000) -> None:
+    import torch
+    with torch.cuda.stream(stream or torch.cuda.current_stream()):
+        torch.cuda._sleep(cycles)
+
+
+def test_random_crops_do_not_wait_for_the_stream():
+    import numpy as np
+    import torch
+
+    from data.augment import Normalizer, train_crops
+    norm = Normalizer("image", np.full((32, 32, 3), 100, np.float32), device="cuda")
+    images = torch.randint(0, 256, (8, 32, 32, 3), dtype=torch.uint8, device="cuda")
+    torch.cuda.synchronize()
+    _busy()
+    outs = [norm(images, train_crops(0, 0, np.arange(8) + 8 * i, 32, 24, True, True), 24) for i in range(6)]
+    assert not torch.cuda.current_stream().query()  # the host queued six batches without waiting
+    cpu = Normalizer("image", np.full((32, 32, 3), 100, np.float32))
+    for i, out in enumerate(outs):
+        want = cpu(images.cpu(), train_crops(0, 0, np.arange(8) + 8 * i, 32, 24, True, True), 24)
+        assert torch.equal(out.cpu(), want)
+
+
+def test_normalizer_constants_are_ready_for_another_stream():
+    import torch
+
+    from data.augment import Normalizer, center_crops
+    _busy()
+    norm = Normalizer("channel", None, [0.485, 0.456, 0.406], [0.229, 0.224, 0.225], device="cuda")
+    assert torch.cuda.current_stream().query()  # built and finished: nothing left for other streams to race
+    side = torch.cuda.Stream()
+    images = torch.full((2, 8, 8, 3), 200, dtype=torch.uint8)
+    with torch.cuda.stream(side):
+        out = norm(images.cuda(), center_crops(2, 8, 8), 8)
+    side.synchronize()
+    want = Normalizer("channel", None, [0.485, 0.456, 0.406], [0.229, 0.224, 0.225])(images, center_crops(2, 8, 8), 8)
+    assert torch.equal(out.cpu(), want)
+
+
+@pytest.mark.parametrize("mode", ["thread", "process"])
+def test_first_batches_wait_for_the_slot_allocation(train_data, mode):
+    """Label slots are zero-filled on the trainer's stream; the loader must not write before that ran."""
+    import torch
+
+    from data.loader import InlineLoader
+    from data.slot_loader import SlotLoader
+    from tests.test_loader import collect, spec_for
+    spec = spec_for(train_data, device="cuda:0")
+    want = collect(InlineLoader(spec), "train", 0)
+    torch.cuda.synchronize()
+    _busy(cycles=20_000_000_000)  # ~10 s: longer than a loader process takes to start; the zero fill of
+    # the label slots queues behind it
+    loader = SlotLoader(spec, mode, k=3)
+    try:
+        got = collect(loader, "train", 0)
+    finally:
+        loader.close()
+    assert [g[0] for g in got] == [w[0] for w in want]
+    for (_, wx, wy), (_, gx, gy) in zip(want, got):
+        assert torch.equal(wy, gy) and torch.equal(wx, gx)

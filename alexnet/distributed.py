@@ -6,7 +6,9 @@ train.py itself for the replicas of one host (alexnet/launch.py). Without them: 
 """
 from __future__ import annotations
 
+import json
 import os
+import socket
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
@@ -67,19 +69,81 @@ def replica_device_name(devices: list[str], fallback: str, local_rank: int) -> s
     return devices[local_rank % len(devices)] if devices else fallback
 
 
-def resolve_transport(p: ParallelConfig, device_type: str, single_host: bool, shared_gpu: bool) -> str:
+def machine_id() -> str:
+    """This machine: host name and kernel boot id (two containers of one host may share the boot id
+    but have their own host names, shared memory and CUDA IPC namespace)."""
+    try:
+        with open("/proc/sys/kernel/random/boot_id") as f:
+            boot = f.read().strip()
+    except OSError:
+        boot = ""
+    return f"{socket.gethostname()}/{boot}"
+
+
+def gpu_id(device: torch.device) -> str | None:
+    """The physical identity of a CUDA device (its UUID, else its PCI bus id); None for the CPU.
+
+    Device indices are not identities: with a per-process CUDA_VISIBLE_DEVICES (SLURM --gpus-per-task,
+    some Kubernetes set-ups) every process calls its GPU cuda:0.
+    """
+    if device.type != "cuda":
+        return None
+    props = torch.cuda.get_device_properties(device)
+    uuid = getattr(props, "uuid", None)
+    if uuid is not None:
+        return f"GPU-{uuid}"
+    return f"pci-{getattr(props, 'pci_domain_id', 0)}:{props.pci_bus_id}:{props.pci_device_id}"
+
+
+@dataclass(frozen=True)
+class Placement:
+    """Where every rank runs: its machine and its physical GPU (None on the CPU), in rank order."""
+
+    hosts: tuple[str, ...]
+    gpus: tuple[str | None, ...]
+
+    @property
+    def single_host(self) -> bool:
+        return len(set(self.hosts)) == 1
+
+    @property
+    def gpu_each(self) -> bool:
+        """Every rank has a GPU of its own (what NCCL needs)."""
+        return None not in self.gpus and len(set(self.gpus)) == len(self.gpus)
+
+    @property
+    def one_gpu(self) -> bool:
+        """All ranks share a single GPU (where ipc is the right weights exchange)."""
+        return None not in self.gpus and len(set(self.gpus)) == 1
+
+
+def resolve_transport(p: ParallelConfig, placement: Placement) -> str:
     """The transport for `p.transport`, with auto resolved; ConfigError for impossible choices."""
-    t = p.transport
+    t, cuda = p.transport, placement.gpus[0] is not None
+    ipc_fits = placement.single_host and (not cuda or placement.one_gpu)
     if t == "auto":
-        if device_type == "cuda" and not shared_gpu:
+        if cuda and placement.gpu_each:
             return "nccl"
-        return "ipc" if p.exchange == "weights" and single_host else "gloo"
-    if t == "nccl" and (device_type != "cuda" or shared_gpu):
+        return "ipc" if p.exchange == "weights" and ipc_fits else "gloo"
+    if t == "nccl" and not (cuda and placement.gpu_each):
         raise ConfigError("parallel.transport=nccl needs one GPU per replica (NCCL refuses two ranks on one GPU, "
                           "and has no CPU path); use ipc (weights exchange) or gloo")
-    if t == "ipc" and not single_host:
+    if t == "ipc" and not placement.single_host:
         raise ConfigError("parallel.transport=ipc works between replicas of one host; use nccl or gloo")
+    if t == "ipc" and not ipc_fits:
+        raise ConfigError("parallel.transport=ipc across distinct GPUs would open a CUDA context on every peer's "
+                          "GPU (0.3-0.5 GB each) and copy the peers' buffers one after another; use nccl (what "
+                          "auto picks when every replica has its own GPU) or gloo")
     return t
+
+
+def exchange_placement(store, rank: int, world: int, device: torch.device) -> Placement:
+    """Every rank's machine and GPU, through the rendezvous store (before any process group exists,
+    since the backend depends on them)."""
+    prefix = f"alexnet/{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}/placement"  # no stale keys on restart
+    store.set(f"{prefix}/{rank}", json.dumps([machine_id(), gpu_id(device)]))
+    seen = [json.loads(store.get(f"{prefix}/{r}")) for r in range(world)]
+    return Placement(tuple(h for h, _ in seen), tuple(g for _, g in seen))
 
 
 def setup(cfg: Config) -> DistInfo:
@@ -89,14 +153,13 @@ def setup(cfg: Config) -> DistInfo:
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     local_rank = int(os.environ.get("LOCAL_RANK", rank))
     local_world = int(os.environ.get("LOCAL_WORLD_SIZE", world))
-    names = [replica_device_name(cfg.parallel.devices, cfg.run.device, r) for r in range(local_world)]
-    local_devices = [device_for(n, r) for r, n in enumerate(names)]
-    shared = local_devices[0].type == "cuda" and len(set(local_devices)) < local_world
-    device = pick_device(names[local_rank], local_rank)
-    transport = resolve_transport(cfg.parallel, device.type, local_world == world, shared)
+    device = pick_device(replica_device_name(cfg.parallel.devices, cfg.run.device, local_rank), local_rank)
     timeout = timedelta(seconds=cfg.parallel.timeout)
+    store, rank, world = next(dist.rendezvous("env://", rank, world, timeout=timeout))
+    transport = resolve_transport(cfg.parallel, exchange_placement(store, rank, world, device))
     backend = "nccl" if transport == "nccl" else "gloo"
-    dist.init_process_group(backend, init_method="env://", rank=rank, world_size=world, timeout=timeout)
+    dist.init_process_group(backend, store=dist.PrefixStore("default_pg", store), rank=rank, world_size=world,
+                            timeout=timeout)
     cpu_group = dist.new_group(backend="gloo", timeout=timeout) if backend != "gloo" else dist.group.WORLD
     return DistInfo(rank, world, local_rank, local_world, device, transport, cpu_group)
 

@@ -75,26 +75,46 @@ class AllReduceAverage:
 
 
 class IpcAverage:
-    """The mean over the replicas of one host, each reading its peers' buffers directly."""
+    """The mean over the replicas of one host, each reading its peers' buffers directly.
+
+    CPU: shared-memory buffers; host barriers order everything. CUDA (every replica on the same GPU;
+    resolve_transport refuses distinct GPUs): CUDA IPC buffers, ordered by interprocess events so the
+    host never waits for the device. Per replica and buffer, ``packed`` is recorded after writing it
+    and ``consumed`` after reading every peer's; a replica's stream waits for its peers' ``packed``
+    before reading and for their ``consumed`` (two exchanges old) before writing its buffer again.
+    One host barrier per exchange makes sure each waited-for event was recorded for the right round.
+    """
 
     def __init__(self, numel: int, device: torch.device, info: DistInfo):
         self.info, self.device = info, device
         self.turn = 0
         if device.type == "cuda":
             own = [torch.empty(numel, device=device) for _ in range(2)]
-            self.peers = self._share_cuda(own)
+            self.packed = [torch.cuda.Event(interprocess=True) for _ in range(2)]
+            self.consumed = [torch.cuda.Event(interprocess=True) for _ in range(2)]
+            self.peers, self.peer_packed, self.peer_consumed = self._share_cuda(own)
         else:
             self.peers = self._share_cpu(numel)
         self.acc = torch.empty(numel, device=device)
-        self.tmp = None  # for peers on another GPU: copied over first, then added
 
-    def _share_cuda(self, own: list[torch.Tensor]) -> list[list[torch.Tensor]]:
-        """Every rank's two buffers, rebuilt here from CUDA IPC handles (our own used as they are)."""
+    def _share_cuda(self, own: list[torch.Tensor]):
+        """Every rank's two buffers and events, rebuilt here from CUDA IPC handles (ours used as they are)."""
         from torch.multiprocessing.reductions import reduce_tensor
+        mine = ([reduce_tensor(b) for b in own], [e.ipc_handle() for e in self.packed],
+                [e.ipc_handle() for e in self.consumed])
         handles = [None] * self.info.world
-        dist.all_gather_object(handles, [reduce_tensor(b) for b in own], group=self.info.cpu_group)
-        return [own if r == self.info.rank else [fn(*args) for fn, args in handles[r]]
-                for r in range(self.info.world)]
+        dist.all_gather_object(handles, mine, group=self.info.cpu_group)
+        peers, packed, consumed = [], [], []
+        for r, (buffers, packed_h, consumed_h) in enumerate(handles):
+            if r == self.info.rank:
+                peers.append(own)
+                packed.append(self.packed)
+                consumed.append(self.consumed)
+                continue
+            peers.append([fn(*args) for fn, args in buffers])
+            packed.append([torch.cuda.Event.from_ipc_handle(self.device, h) for h in packed_h])
+            consumed.append([torch.cuda.Event.from_ipc_handle(self.device, h) for h in consumed_h])
+        return peers, packed, consumed
 
     def _share_cpu(self, numel: int) -> list[list[torch.Tensor]]:
         """Shared mappings of files in /dev/shm, unlinked once every peer has mapped them (no leftovers)."""
@@ -113,31 +133,40 @@ class IpcAverage:
             os.unlink(name(self.info.rank, b))
         return peers
 
+    def _others(self) -> list[int]:
+        return [r for r in range(self.info.world) if r != self.info.rank]
+
     def average(self, tensors: list[torch.Tensor]) -> None:
-        own = self.peers[self.info.rank][self.turn]
-        pack(tensors, own)
-        if self.device.type == "cuda":
-            torch.cuda.current_stream(self.device).synchronize()  # our buffer is complete before peers read
-        # After this barrier every peer's buffer of this turn is complete; the other turn's buffers may
-        # still be read by slower peers, which is why each replica alternates between two.
+        t, cuda = self.turn, self.device.type == "cuda"
+        stream = torch.cuda.current_stream(self.device) if cuda else None
+        if cuda:  # peers may still be reading this buffer from two exchanges ago
+            for r in self._others():
+                stream.wait_event(self.peer_consumed[r][t])
+        pack(tensors, self.peers[self.info.rank][t])
+        if cuda:
+            self.packed[t].record(stream)
+        # After this barrier every peer has written (CPU) or recorded the writing of (CUDA) its buffer of
+        # this turn; the other turn's buffers may still be read by slower peers, hence two per replica.
         dist.barrier(group=self.info.cpu_group)
+        if cuda:
+            for r in self._others():
+                stream.wait_event(self.peer_packed[r][t])
         for r in range(self.info.world):  # rank order on every replica: bit-identical sums
-            src = self.peers[r][self.turn]
-            if src.device != self.device:
-                if self.tmp is None:
-                    self.tmp = torch.empty_like(self.acc)
-                src = self.tmp.copy_(src, non_blocking=True)
             if r == 0:
-                self.acc.copy_(src)
+                self.acc.copy_(self.peers[r][t])
             else:
-                self.acc.add_(src)
+                self.acc.add_(self.peers[r][t])
+        if cuda:
+            self.consumed[t].record(stream)
         self.acc.div_(self.info.world)
         unpack(self.acc, tensors)
-        self.turn = 1 - self.turn
+        self.turn = 1 - t
 
     def close(self) -> None:
+        """Drop the mappings. Peers still reading our CUDA buffers keep them alive: torch counts the
+        references of memory sent through CUDA IPC and frees it only after the consumers let go."""
         self.peers = []
-        self.acc = self.tmp = None
+        self.acc = None
 
 
 class WeightExchange:

@@ -121,13 +121,15 @@ def autocast_for(precision: str, device: torch.device):
 
 
 def sgd_step(forward, optimizer: torch.optim.Optimizer, x: torch.Tensor, y: torch.Tensor, autocast,
-             slices: int = 1, no_sync=None) -> tuple[torch.Tensor, torch.Tensor]:
+             slices: int = 1, no_sync=None, keep_grads: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
     """One update from the batch (x, y); returns (mean loss, logits), detached, nothing synchronised.
 
     `autocast` makes a fresh autocast context. With `slices` > 1 the batch runs as that many sequential
     micro-batches whose gradients accumulate (each loss is its share of the batch mean), then one
     update: the same step with less activation memory. `no_sync` (DistributedDataParallel's) keeps the
-    gradient all-reduce for the last micro-batch only.
+    gradient all-reduce for the last micro-batch only. `keep_grads` zeroes the gradients instead of
+    dropping them: under DDP they are views of its all-reduce buckets, and a dropped gradient is
+    re-allocated by autograd and then copied into its bucket, every step.
     """
     n, losses, outputs = y.shape[0], [], []
     for i, (xs, ys) in enumerate(zip(x.chunk(slices), y.chunk(slices))):
@@ -140,7 +142,7 @@ def sgd_step(forward, optimizer: torch.optim.Optimizer, x: torch.Tensor, y: torc
         losses.append(loss.detach())
         outputs.append(logits.detach())
     optimizer.step()
-    optimizer.zero_grad(set_to_none=True)
+    optimizer.zero_grad(set_to_none=not keep_grads)
     if slices == 1:
         return losses[0], outputs[0]
     return torch.stack(losses).sum(), torch.cat(outputs)
@@ -170,6 +172,7 @@ class Trainer:
         self.model = self._build_model()
         self.optimizer = build_optimizer(self.model, cfg.train)
         self.heartbeat = Heartbeat(dist.rank)
+        self.ddp = dist.distributed and cfg.parallel.exchange == "gradients"
         self.forward, self.exchange = self._replicate()
         torch.manual_seed(dropout_seed(cfg.train.seed, dist.rank))
         self.loader = make_loader(cfg, loader_spec(cfg, dist, ("train", "val") if self.has_val else ("train",)))
@@ -310,7 +313,8 @@ class Trainer:
 
     def train_step(self, x: torch.Tensor, y: torch.Tensor) -> None:
         no_sync = getattr(self.forward, "no_sync", None) if self.cfg.train.slices > 1 else None
-        loss, logits = sgd_step(self.forward, self.optimizer, x, y, self.autocast, self.cfg.train.slices, no_sync)
+        loss, logits = sgd_step(self.forward, self.optimizer, x, y, self.autocast, self.cfg.train.slices, no_sync,
+                                keep_grads=self.ddp)
         if self.exchange is not None and (self.global_step + 1) % self.exchange.every == 0:
             self.heartbeat.arrive()
             self.exchange.after_step(self.global_step + 1)

@@ -70,15 +70,104 @@ def test_exchange_every_k_steps(tmp_path, transport):
 
 def test_transport_resolution():
     from alexnet.config import ConfigError
-    from alexnet.distributed import resolve_transport
-    p = ParallelConfig()
-    assert resolve_transport(p, "cpu", True, False) == "ipc"
-    assert resolve_transport(p, "cpu", False, False) == "gloo"
-    assert resolve_transport(p, "cuda", True, False) == "nccl"
-    assert resolve_transport(p, "cuda", True, True) == "ipc"  # two replicas on one GPU
-    g = ParallelConfig(exchange="gradients")
-    assert resolve_transport(g, "cuda", True, True) == "gloo" and resolve_transport(g, "cpu", True, False) == "gloo"
+    from alexnet.distributed import Placement, resolve_transport
+    p, g = ParallelConfig(), ParallelConfig(exchange="gradients")
+    one_host = ("h", "h")
+    cpu = Placement(one_host, (None, None))
+    assert resolve_transport(p, cpu) == "ipc" and resolve_transport(g, cpu) == "gloo"
+    assert resolve_transport(p, Placement(("a", "b"), (None, None))) == "gloo"
+    own = Placement(one_host, ("GPU-1", "GPU-2"))
+    assert resolve_transport(p, own) == "nccl" and resolve_transport(g, own) == "nccl"
+    shared = Placement(one_host, ("GPU-1", "GPU-1"))  # two replicas on one GPU
+    assert resolve_transport(p, shared) == "ipc" and resolve_transport(g, shared) == "gloo"
+    mixed = Placement(("h",) * 4, ("GPU-1", "GPU-1", "GPU-2", "GPU-2"))  # 4 replicas on 2 GPUs
+    assert resolve_transport(p, mixed) == "gloo"
     with pytest.raises(ConfigError, match="NCCL refuses two ranks on one GPU"):
-        resolve_transport(ParallelConfig(transport="nccl"), "cuda", True, True)
+        resolve_transport(ParallelConfig(transport="nccl"), shared)
     with pytest.raises(ConfigError, match="one host"):
-        resolve_transport(ParallelConfig(transport="ipc"), "cpu", False, False)
+        resolve_transport(ParallelConfig(transport="ipc"), Placement(("a", "b"), (None, None)))
+    for placement in (own, mixed):
+        with pytest.raises(ConfigError, match="ipc across distinct GPUs"):
+            resolve_transport(ParallelConfig(transport="ipc"), placement)
+
+
+def test_placement_is_physical_not_by_index(monkeypatch):
+    """Per-process CUDA_VISIBLE_DEVICES: every rank calls its GPU cuda:0, yet they are distinct GPUs."""
+    import threading
+
+    from alexnet import distributed
+    from alexnet.distributed import Placement, exchange_placement, resolve_transport
+    store = dist.HashStore()
+    uuids = {0: "GPU-aaaa", 1: "GPU-bbbb"}
+    local = threading.local()
+    monkeypatch.setattr(distributed, "gpu_id", lambda device: uuids[local.rank])
+    out = {}
+
+    def rank_main(rank):
+        local.rank = rank
+        out[rank] = exchange_placement(store, rank, 2, torch.device("cpu"))
+    threads = [threading.Thread(target=rank_main, args=(r,)) for r in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(30)
+    assert out[0] == out[1] == Placement((distributed.machine_id(),) * 2, ("GPU-aaaa", "GPU-bbbb"))
+    assert resolve_transport(ParallelConfig(), out[0]) == "nccl"
+
+
+def _ipc_gpu_replica(rank: int, world: int, port: int, out: str) -> None:
+    """Two replicas on cuda:0: the ipc average queued behind a busy stream, host not waiting for it."""
+    from alexnet.exchange import IpcAverage
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+    device = torch.device("cuda", 0)
+    torch.cuda.set_device(device)
+    info = DistInfo(rank, world, rank, world, device, "ipc", dist.group.WORLD)
+    avg = IpcAverage(1000, device, info)
+    results, host_waited = [], []
+    for step in range(4):
+        tensors = [torch.full((600,), float(rank + step), device=device), torch.full((400,), float(10 * rank))]
+        tensors[1] = tensors[1].to(device)
+        torch.cuda._sleep(1_000_000_000)  # the stream is busy; anything the exchange queues waits behind it
+        avg.average(tensors)
+        host_waited.append(torch.cuda.current_stream().query())
+        results.append([t.cpu() for t in tensors])
+    avg.close()
+    torch.save({"results": results, "host_waited": host_waited}, f"{out}/gpu{rank}.pt")
+    dist.destroy_process_group()
+
+
+@pytest.mark.gpu
+def test_ipc_exchange_on_one_gpu_leaves_the_host_free(tmp_path):
+    mp.start_processes(_ipc_gpu_replica, args=(2, free_port(), str(tmp_path)), nprocs=2, start_method="spawn")
+    for rank in range(2):
+        got = torch.load(tmp_path / f"gpu{rank}.pt", weights_only=True)
+        assert not any(got["host_waited"]), got["host_waited"]  # no stream synchronisation on the host
+        for step, (a, b) in enumerate(got["results"]):
+            assert torch.equal(a, torch.full((600,), 0.5 + step)) and torch.equal(b, torch.full((400,), 5.0))
+
+
+def test_ddp_gradients_stay_bucket_views_across_steps(tmp_path):
+    """keep_grads: the gradients stay allocated as DDP's bucket views (no re-allocation and copy per step)."""
+    from alexnet.exchange import wrap_gradients
+    store = dist.FileStore(str(tmp_path / "store"), 1)
+    dist.init_process_group("gloo", store=store, rank=0, world_size=1)
+    try:
+        torch.manual_seed(0)
+        model = torch.nn.Sequential(torch.nn.Linear(5, 7), torch.nn.ReLU(), torch.nn.Linear(7, 3))
+        info = DistInfo(0, 1, 0, 1, torch.device("cpu"), "gloo", dist.group.WORLD)
+        ddp = wrap_gradients(model, info, bucket_mb=25)
+        opt = build_optimizer(model, TrainConfig(lr=0.1))
+        x, y = torch.randn(4, 5), torch.randint(0, 3, (4,))
+        no_autocast = lambda: torch.autocast("cpu", enabled=False)  # noqa: E731
+        for _ in range(2):  # DDP rebuilds its buckets once, after the first step
+            sgd_step(ddp, opt, x, y, no_autocast, keep_grads=True)
+        ptrs = [p.grad.data_ptr() for p in model.parameters()]
+        assert all(p.grad is not None and not p.grad.any() for p in model.parameters())  # zeroed, kept
+        for _ in range(2):
+            sgd_step(ddp, opt, x, y, no_autocast, keep_grads=True)
+            assert [p.grad.data_ptr() for p in model.parameters()] == ptrs
+        sgd_step(ddp, opt, x, y, no_autocast, keep_grads=False)
+        assert all(p.grad is None for p in model.parameters())  # the test can tell the difference
+    finally:
+        dist.destroy_process_group()

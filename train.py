@@ -21,6 +21,7 @@ import signal
 import sys
 from pathlib import Path
 
+from alexnet.checkpoint import CheckpointError
 from alexnet.config import Config, ConfigError, dump_yaml, load_config, summary
 from alexnet.distributed import DistInfo, print0, setup, teardown
 from alexnet.launch import launch_local
@@ -71,7 +72,7 @@ def run_replica(cfg: Config, config_path: str) -> int:
     except (ConfigError, DataError) as e:
         print(f"train.py: error: {e}", file=sys.stderr)
         return 2
-    except (NonFiniteLoss, LoaderError) as e:
+    except (NonFiniteLoss, LoaderError, CheckpointError) as e:
         print(f"train.py: error: {e}", file=sys.stderr)
         return 1
     except RuntimeError as e:  # a collective failed: a peer died or hung past parallel.timeout
@@ -79,7 +80,7 @@ def run_replica(cfg: Config, config_path: str) -> int:
             raise
         print(f"train.py: replica rank {info.rank}: {e}", file=sys.stderr)
         return 1
-    teardown(info)
+    teardown(info, cfg.run.checkpoint_timeout)
     if stop.requested:
         return 128 + stop.signum
     if result:

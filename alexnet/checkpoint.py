@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import os
 import re
+import threading
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -147,3 +149,53 @@ class CheckpointDir:
         epochs = sorted(p for p in self.root.iterdir() if EPOCH_FILE.match(p.name))
         for old in epochs[:max(0, len(epochs) - self.keep_last)]:
             old.unlink()
+
+
+def to_host(obj):
+    """A copy of a (nested) checkpoint whose tensors are CPU copies, detached from the live training
+    state: the step loop may change the weights again while a background thread writes the copy."""
+    if isinstance(obj, torch.Tensor):
+        return obj.detach().to("cpu", copy=True)
+    if isinstance(obj, dict):
+        return {k: to_host(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return type(obj)(to_host(v) for v in obj)
+    return obj
+
+
+class BackgroundWriter:
+    """Runs one checkpoint write at a time in a thread, so that the step loop does not wait for disks.
+
+    A failed write is raised (as CheckpointError) by the next wait(), which also waits for the write
+    in progress; the trainer waits before each checkpoint and before it stops.
+    """
+
+    def __init__(self) -> None:
+        self._thread: threading.Thread | None = None
+        self._error: BaseException | None = None
+
+    @property
+    def busy(self) -> bool:
+        return self._thread is not None and self._thread.is_alive()
+
+    def submit(self, write: Callable[[], object]) -> None:
+        self.wait()
+
+        def run() -> None:
+            try:
+                write()
+            except BaseException as e:  # reported by the next wait(), in the trainer's thread
+                self._error = e
+        self._thread = threading.Thread(target=run, name="checkpoint-writer", daemon=False)
+        self._thread.start()
+
+    def wait(self, beat: Callable[[], None] | None = None) -> None:
+        """Wait for the write in progress; `beat` is called every second meanwhile (liveness)."""
+        while self._thread is not None and self._thread.is_alive():
+            self._thread.join(1.0)
+            if beat is not None:
+                beat()
+        self._thread = None
+        if self._error is not None:
+            error, self._error = self._error, None
+            raise CheckpointError(f"writing a checkpoint failed: {type(error).__name__}: {error}") from error

@@ -92,6 +92,8 @@ class RunConfig:
     dir: str = "runs/default"
     keep_last: int = 3             # per-epoch checkpoints kept besides last.pt and best.pt
     save_every_steps: int = 0      # also checkpoint every N steps mid-epoch (0: only at epoch ends)
+    checkpoint_timeout: float = 1800.0  # seconds replicas wait for rank 0 to finish writing a checkpoint
+                                   # (written in the background; waited for only before the next one)
     resume_from: str = ""          # a checkpoint to start from when run.dir has none yet (e.g. a Theano
                                    # epoch converted by scripts/convert_weights.py --momentum)
     device: str = "auto"           # auto (cuda if present) | cpu | cuda | cuda:N
@@ -109,7 +111,9 @@ class ParallelConfig:
     exchange_every: int = 1        # weights: steps between exchanges
     transport: str = "auto"        # ipc (one host: peers' buffers read directly) | nccl | gloo | auto
     bucket_mb: float = 25.0        # gradients: all-reduce bucket size
-    timeout: float = 60.0          # seconds before a dead or hung replica stops the others
+    timeout: float = 300.0         # seconds before a hung replica stops the others (a dead one stops
+                                   # them at once); covers the skew of a first step (cuDNN autotuning,
+                                   # compile), not checkpoint writes (run.checkpoint_timeout)
 
 
 @dataclass
@@ -135,7 +139,8 @@ CHOICES: dict[str, tuple] = {
 }
 POSITIVE = ("data.crop", "data.loader_timeout", "train.epochs", "train.batch_size", "train.log_every",
             "train.val_every", "train.lr_auto_patience", "model.width", "train.slices", "train.lr_ref_batch",
-            "parallel.replicas", "parallel.exchange_every", "parallel.bucket_mb", "parallel.timeout")
+            "parallel.replicas", "parallel.exchange_every", "parallel.bucket_mb", "parallel.timeout",
+            "run.checkpoint_timeout")
 NON_NEGATIVE = ("data.shuffle_window", "data.val_batch_size", "train.lr", "train.momentum", "train.weight_decay",
                 "train.bias_lr_mult", "train.bias_decay_mult", "train.lr_min", "train.warmup_epochs",
                 "train.max_steps", "train.lr_auto_threshold", "run.keep_last", "run.save_every_steps")

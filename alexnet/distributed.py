@@ -28,6 +28,7 @@ class DistInfo:
     device: torch.device = torch.device("cpu")
     transport: str = "none"   # how replicas exchange: ipc | nccl | gloo (none for one replica)
     cpu_group: Any = None     # a gloo group for barriers and small host-side messages
+    slow_group: Any = None    # a gloo group whose timeout is run.checkpoint_timeout: for waiting on disks
 
     @property
     def is_main(self) -> bool:
@@ -161,14 +162,24 @@ def setup(cfg: Config) -> DistInfo:
     dist.init_process_group(backend, store=dist.PrefixStore("default_pg", store), rank=rank, world_size=world,
                             timeout=timeout)
     cpu_group = dist.new_group(backend="gloo", timeout=timeout) if backend != "gloo" else dist.group.WORLD
-    return DistInfo(rank, world, local_rank, local_world, device, transport, cpu_group)
+    # A gloo rank that arrives early at a barrier gives up after its group's timeout, whatever the
+    # barrier's own: waiting for a checkpoint write needs a group of its own.
+    slow_group = dist.new_group(backend="gloo", timeout=timedelta(seconds=cfg.run.checkpoint_timeout))
+    return DistInfo(rank, world, local_rank, local_world, device, transport, cpu_group, slow_group)
 
 
-def teardown(info: DistInfo) -> None:
-    """Leave together: a replica that tears its connections down while a peer still finishes (rank 0
-    writing the last checkpoint) can make the C++ side abort at exit."""
+def slow_barrier(info: DistInfo, seconds: float) -> None:
+    """All ranks meet, waiting up to `seconds` (as long as a checkpoint write may take); a rank that
+    never comes is named in the error."""
+    if info.distributed:
+        dist.monitored_barrier(group=info.slow_group, timeout=timedelta(seconds=seconds))
+
+
+def teardown(info: DistInfo, seconds: float = 1800.0) -> None:
+    """Leave together, waiting up to `seconds` for rank 0's last checkpoint write: a replica that tears
+    its connections down while a peer still finishes can make the C++ side abort at exit."""
     if info.distributed and dist.is_initialized():
-        dist.barrier(group=info.cpu_group)
+        slow_barrier(info, seconds)
         dist.destroy_process_group()
 
 

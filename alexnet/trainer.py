@@ -26,9 +26,9 @@ from data.loader import InlineLoader, LoaderSpec
 from data.reader import load_meta
 from data.slot_loader import SlotLoader
 
-from .checkpoint import CheckpointDir, CheckpointError, load
+from .checkpoint import BackgroundWriter, CheckpointDir, CheckpointError, load, to_host
 from .config import Config, ConfigError, to_dict
-from .distributed import DistInfo, print0
+from .distributed import DistInfo, print0, slow_barrier
 from .exchange import WeightExchange, broadcast_from_rank0, wrap_gradients
 from .launch import Heartbeat
 from .metrics import Meter, MetricsLog
@@ -180,6 +180,7 @@ class Trainer:
         self.global_batch = cfg.train.batch_size * dist.world
         self.schedule = LRSchedule(cfg.train, self.steps_per_epoch, self.lr_scale())
         self.ckpt = CheckpointDir(Path(cfg.run.dir) / "checkpoints", cfg.run.keep_last)
+        self.writer = BackgroundWriter()
         self.log = MetricsLog(cfg.run.dir, cfg.run.tensorboard) if dist.is_main else None
         self.meter = Meter(self.device)
         self.first_bad = torch.full((), _NO_BAD_STEP, dtype=torch.int64, device=self.device)
@@ -246,6 +247,7 @@ class Trainer:
         """Train (or resume) to train.epochs; returns the last validation metrics (or {})."""
         try:
             self.resume()
+            self.barrier(self.cfg.run.checkpoint_timeout)  # replicas load at different speeds
             print0(self.dist, self.describe())
             if self.epoch >= self.cfg.train.epochs:
                 print0(self.dist, f"run {self.cfg.run.dir} already finished {self.epoch} epochs")
@@ -414,15 +416,31 @@ class Trainer:
         Weights mode between two exchanges: the replicas are averaged first, so the checkpoint holds
         all of them (a run that saves at the same steps does the same, so resuming stays exact).
         """
+        self.wait_for_writer()
         self.check_finite()
         if self.exchange is not None and self.global_step % self.exchange.every:
             self.heartbeat.arrive()
             self.exchange.impl.average(self.exchange.tensors())
         state = self.state_dict()
-        if self.dist.is_main:
-            path = self.ckpt.save(state, epoch_done, is_best)
+        if self.dist.is_main:  # the step loop pays for a host copy; a thread writes it to disk
+            host = to_host(state)
+            self.writer.submit(lambda: self.ckpt.save(host, epoch_done, is_best))
             if not epoch_done:
-                print0(self.dist, f"checkpoint at epoch {self.epoch + 1}, step {self.step}: {path}")
+                print0(self.dist, f"checkpoint at epoch {self.epoch + 1}, step {self.step}: {self.ckpt.last}")
+
+    def wait_for_writer(self) -> None:
+        """Rank 0 finishes writing the previous checkpoint; the other replicas wait for it here, at a
+        barrier bounded by run.checkpoint_timeout, not inside a collective bounded by parallel.timeout
+        (which a slow disk or network file system would exceed)."""
+        if self.dist.is_main:
+            self.writer.wait(beat=self.heartbeat.beat)
+        self.barrier(self.cfg.run.checkpoint_timeout)
+
+    def barrier(self, seconds: float) -> None:
+        """All replicas meet here; a rank missing after `seconds` is named in the error."""
+        if self.dist.distributed:
+            self.heartbeat.arrive()
+            slow_barrier(self.dist, seconds)
 
     def resume(self) -> None:
         """Continue from the run's newest loadable checkpoint, else from run.resume_from if set."""
@@ -505,8 +523,12 @@ class Trainer:
         return step
 
     def close(self) -> None:
-        if self.exchange is not None:
-            self.exchange.close()
-        self.loader.close()
-        if self.log is not None:
-            self.log.close()
+        """Finish the checkpoint being written (its failure is raised), then stop the helpers."""
+        try:
+            self.writer.wait(beat=self.heartbeat.beat)
+        finally:
+            if self.exchange is not None:
+                self.exchange.close()
+            self.loader.close()
+            if self.log is not None:
+                self.log.close()

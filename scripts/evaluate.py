@@ -13,6 +13,12 @@ preprocessed with the default `--resize short --size 256`):
     python scripts/evaluate.py --data imagenet256 --weights alexnet_tv.pt
 
 A plain state_dict of our alexnet/caffenet needs `--arch alexnet` or `--arch caffenet` (same keys).
+
+The Theano reproduction's weights (a folder of W_0_65.npy ... files; data preprocessed with
+`--resize warp --size 256`, as theirs; their run's mean image img_mean.npy; see pretrained/README.md):
+
+    python scripts/evaluate.py --data imagenet256_warp --weights parameters_releasing --mean img_mean.npy
+
 Exit codes: 0 done, 2 bad input (missing or unreadable files, weights that do not fit the data).
 """  # noqa: E501  (the torchvision command above is meant to be copied whole)
 from __future__ import annotations
@@ -27,6 +33,7 @@ from alexnet.checkpoint import CheckpointError  # noqa: E402
 from alexnet.distributed import pick_device  # noqa: E402
 from alexnet.evaluation import PRECISIONS, check_compatible, evaluate, load_weights, make_normalizer  # noqa: E402
 from alexnet.models import ARCHS  # noqa: E402
+from alexnet.weight_formats import THEANO_CONVS, read_mean_image  # noqa: E402
 from data.batchfile import atomic_write_json  # noqa: E402
 from data.reader import SplitData  # noqa: E402
 
@@ -43,12 +50,18 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                                 formatter_class=argparse.RawDescriptionHelpFormatter,
                                 epilog="\n".join(__doc__.splitlines()[2:]))
     p.add_argument("--data", required=True, help="a scripts/preprocess.py output folder")
-    p.add_argument("--weights", required=True, help="checkpoint (.pt) or state_dict file")
+    p.add_argument("--weights", required=True, help="checkpoint (.pt), state_dict file, or a Theano weights folder")
     p.add_argument("--arch", choices=ARCHS, help="needed only for plain alexnet/caffenet state dicts")
+    p.add_argument("--epoch", type=_positive, help="Theano folder: the epoch to load (default: the highest)")
+    p.add_argument("--theano-conv", choices=THEANO_CONVS, help="Theano folder: the run's lib_conv (default cudnn, "
+                   "as the released weights: kernels are flipped; cudaconvnet: not flipped)")
+    p.add_argument("--mean", help="a mean image .npy, (3, S, S) as Theano's img_mean.npy or (S, S, 3), subtracted "
+                   "instead of the data's mean.npy (weights normalised by a mean image only)")
     p.add_argument("--crops", type=int, choices=(1, 10), default=1, help="1: center crop; 10: corners+center, "
                    "plain and mirrored, probabilities averaged (default 1)")
     p.add_argument("--json", help="write the results as JSON to this file")
-    p.add_argument("--csv", help="write one row per image (name, label, top-5 predictions, correct1/5)")
+    p.add_argument("--csv", help="write one row per image (name, label, top-5 predictions, correct1/5, "
+                   "prob1..prob5: the probability of each prediction, averaged over the crops)")
     p.add_argument("--batch-size", type=_positive, default=100, help="images per forward pass (default 100)")
     p.add_argument("--device", default="auto", help="auto (cuda if present) | cpu | cuda | cuda:N")
     p.add_argument("--split", default="val", help="the split to evaluate (default val)")
@@ -66,15 +79,21 @@ def run(args: argparse.Namespace) -> dict:
     for out in (args.json, args.csv):
         if out:
             Path(out).parent.mkdir(parents=True, exist_ok=True)  # fail now, not after the whole split
-    model, info = load_weights(args.weights, args.arch)
+    model, info = load_weights(args.weights, args.arch, epoch=args.epoch, theano_conv=args.theano_conv)
     data = SplitData(args.data, args.split)
     check_compatible(info, data, args.weights)
-    normalizer = make_normalizer(info, data, device)
+    mean = read_mean_image(args.mean, data.image_size) if args.mean else None
+    if mean is None and info["source"] == "theano":
+        print(f"evaluate.py: warning: {args.weights} was trained with its run's own mean image (img_mean.npy); "
+              f"subtracting {args.data}'s mean.npy instead; pass --mean img_mean.npy for the paper's numbers",
+              file=sys.stderr)
+    normalizer = make_normalizer(info, data, device, mean)
     result = evaluate(model, data, info["crop"], normalizer, crops=args.crops, batch_size=args.batch_size,
                       device=device, csv_path=args.csv, progress=not args.no_progress, precision=args.precision)
     return {**result, "weights": str(args.weights), "data": str(args.data), "split": args.split,
             "arch": info["arch"], "width": info["width"], "crop": info["crop"], "source": info["source"],
-            "precision": args.precision, "device": str(device)}
+            "precision": args.precision, "device": str(device), "mean": args.mean or "data",
+            **{k: info[k] for k in ("epoch", "theano_conv") if k in info}}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -291,7 +291,8 @@ def test_cli_end_to_end_on_a_checkpoint(prep, trained, tmp_path):
 
     with open(cs, newline="") as f:
         rows = list(csv.DictReader(f))
-    assert list(rows[0]) == ["name", "label", "pred1", "pred2", "pred3", "pred4", "pred5", "correct1", "correct5"]
+    assert list(rows[0]) == ["name", "label", "pred1", "pred2", "pred3", "pred4", "pred5", "correct1", "correct5",
+                             "prob1", "prob2", "prob3", "prob4", "prob5"]
     assert len(rows) == record["n"]
     assert [row["name"] for row in rows] == names
     assert [int(row["label"]) for row in rows] == labels.tolist()
@@ -300,11 +301,18 @@ def test_cli_end_to_end_on_a_checkpoint(prep, trained, tmp_path):
     assert record["top5_err"] == pytest.approx(np.mean([row["correct5"] == "0" for row in rows]))
     assert not list(tmp_path.glob(".*tmp"))  # temporary files renamed away
 
-    # the same numbers through the library
+    # the same numbers through the library; prob1..5: the 10-crop averaged probabilities of pred1..5
     model, info = load_weights(weights)
     data = SplitData(out, "val")
     lib = evaluate(model, data, info["crop"], make_normalizer(info, data), crops=10, progress=False)
     assert lib["top1_err"] == pytest.approx(record["top1_err"]) and lib["loss"] == pytest.approx(record["loss"])
+    with torch.no_grad():
+        probs = predict_log_probs(model, torch.from_numpy(images), info["crop"], make_normalizer(info, data),
+                                  crops=10).exp().numpy()
+    for row, p in zip(rows, probs):
+        preds = [int(row[f"pred{i}"]) for i in range(1, 5)]  # 4 classes: pred5 and prob5 are empty
+        np.testing.assert_allclose([float(row[f"prob{i}"]) for i in range(1, 5)], p[preds], rtol=1e-5)
+        assert row["pred5"] == row["prob5"] == ""
 
 
 @pytest.fixture(scope="module")

@@ -1,0 +1,128 @@
+#!/usr/bin/env python3
+"""Convert weights between the Theano reproduction's .npy folders and this repository's .pt files.
+
+The direction follows SRC: a folder is read as a Theano folder and written as a .pt file; a file
+(our checkpoint, weights file, or a caffenet state dict) is written as a Theano folder.
+
+Theano epoch -> our weights file (evaluable with scripts/evaluate.py):
+
+    python scripts/convert_weights.py parameters_releasing pretrained/theano_65.pt
+
+Theano epoch with momentum -> our training checkpoint, then continue the Theano run from epoch E+1
+(the weights as they are, dropout scaled at test time: the same SGD dynamics as Theano's):
+
+    python scripts/convert_weights.py theano_run/ theano_20.pt --epoch 20 --momentum
+    python train.py configs/theano_continue.yaml run.resume_from=theano_20.pt
+
+Our checkpoint (arch caffenet) -> a Theano folder (weights, mom_* from its velocities, lr_E.npy with
+the lr of the next epoch), epoch = the checkpoint's completed epochs unless --epoch:
+
+    python scripts/convert_weights.py runs/caffenet/checkpoints/epoch_020.pt theano_run/
+
+--theano-conv: the Theano run's lib_conv (cudnn, the default and the released weights' setting, is a
+true convolution: kernels are flipped on the way; cudaconvnet is not). --dropout-style: theano (default
+when reading a Theano folder: the arrays unchanged) or inverted (x0.5 folded into fc7 and fc8; when
+writing, inverted-style weights are unfolded). See alexnet/weight_formats.py for the whole mapping.
+Exit codes: 0 done, 2 bad input (missing, unreadable or misshapen files; a file that exists).
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from alexnet.checkpoint import CheckpointError, load, save_atomic  # noqa: E402
+from alexnet.models import ARCHS  # noqa: E402
+from alexnet.weight_formats import (  # noqa: E402
+    THEANO_CONVS,
+    read_theano,
+    theano_checkpoint,
+    to_theano,
+    write_theano,
+)
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter,
+                                epilog="\n".join(__doc__.splitlines()[2:]))
+    p.add_argument("src", help="a Theano weights folder, or our .pt checkpoint / weights / caffenet state_dict")
+    p.add_argument("dst", help="the .pt file to write (from a folder), or the Theano folder to write into")
+    p.add_argument("--epoch", type=int, help="folder -> .pt: the epoch to read (default: the highest); "
+                   ".pt -> folder: the epoch to write as (default: the checkpoint's completed epochs)")
+    p.add_argument("--theano-conv", choices=THEANO_CONVS, default="cudnn", help="the Theano run's lib_conv "
+                   "(default cudnn: kernels flipped)")
+    p.add_argument("--dropout-style", choices=("theano", "inverted"),
+                   help="folder -> .pt: the model's dropout (default theano); .pt -> folder: that of a plain "
+                   "state_dict (default inverted; checkpoints state their own)")
+    p.add_argument("--momentum", action="store_true", help="folder -> .pt: a training checkpoint with the "
+                   "velocities (mom_*) and lr_E.npy, for train.py run.resume_from=")
+    p.add_argument("--arch", choices=ARCHS, help=".pt -> folder: the arch of a plain state_dict (only caffenet "
+                   "exports)")
+    p.add_argument("--lr", type=float, help=".pt -> folder: the lr to write as lr_E.npy (default: the "
+                   "checkpoint's lr for the next epoch)")
+    p.add_argument("--force", action="store_true", help="replace existing output files")
+    return p.parse_args(argv)
+
+
+def from_theano(args: argparse.Namespace) -> str:
+    """Theano folder -> our .pt; returns the summary line."""
+    misplaced = [name for name, value in (("--arch", args.arch), ("--lr", args.lr)) if value is not None]
+    if misplaced:
+        verb = "applies" if len(misplaced) == 1 else "apply"
+        raise ValueError(f"{', '.join(misplaced)} {verb} when writing a Theano folder, not when reading {args.src}")
+    dst = Path(args.dst)
+    if dst.is_dir():
+        raise ValueError(f"{dst} is a folder; reading the Theano folder {args.src} writes a .pt file")
+    if dst.exists() and not args.force:
+        raise ValueError(f"{dst}: exists (pass --force to replace it)")
+    style = args.dropout_style or "theano"
+    te = read_theano(args.src, args.epoch, momentum=args.momentum)
+    obj = theano_checkpoint(te, args.theano_conv, style)
+    save_atomic(obj, dst)
+    what = "training checkpoint (with momentum)" if args.momentum else "weights file"
+    line = (f"wrote {dst}: {what} of epoch {te.epoch} of {args.src}, caffenet width {te.width:g}, "
+            f"{te.num_classes} classes, conv {args.theano_conv}, dropout style {style}")
+    if args.momentum:
+        line += (f"; next lr {te.lr:g}\ncontinue with: python train.py configs/theano_continue.yaml "
+                 f"run.resume_from={dst}" + (f" model.width={te.width:g}" if te.width != 1 else "")
+                 + (" model.dropout_style=inverted" if style == "inverted" else ""))
+    return line
+
+
+def to_folder(args: argparse.Namespace) -> str:
+    """Our .pt -> a Theano folder; returns the summary line."""
+    if args.momentum:
+        raise ValueError(f"--momentum applies when reading a Theano folder; {args.src} is a file (its "
+                         "velocities are written whenever it has them)")
+    obj = load(args.src)
+    notes = []
+    te = to_theano(obj, args.src, args.theano_conv, arch=args.arch, dropout_style=args.dropout_style,
+                   epoch=args.epoch, lr=args.lr, warn=notes.append)
+    written = write_theano(args.dst, te, force=args.force)
+    for note in notes:
+        print(f"convert_weights.py: {note}", file=sys.stderr)
+    parts = ["weights", "momentum" if te.velocities is not None else "no momentum (none in the file)",
+             f"lr {te.lr:g}" if te.lr is not None else "no lr_E.npy (pass --lr)"]
+    return (f"wrote {len(written)} files of epoch {te.epoch} to {args.dst}: {', '.join(parts)}; caffenet width "
+            f"{te.width:g}, {te.num_classes} classes, conv {args.theano_conv}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    try:
+        if not Path(args.src).exists():
+            raise ValueError(f"{args.src}: no such file or folder")
+        line = from_theano(args) if Path(args.src).is_dir() else to_folder(args)
+    # FormatError and ConfigError are ValueErrors; CheckpointError: an unreadable .pt.
+    except (CheckpointError, OSError, ValueError) as e:
+        print(f"convert_weights.py: error: {e}", file=sys.stderr)
+        return 2
+    print(line)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -227,6 +227,9 @@ class Trainer:
         lr = f"lr {self.schedule.target_lr():g}"
         if self.lr_scale() != 1:
             lr += f" (= {t.lr:g} x {self.lr_scale():g}, linear scaling)"
+        now = self.schedule.lr_at(self.global_step)
+        if not math.isclose(now, self.schedule.target_lr()):
+            lr += f", now {now:g}"
         parts = [f"{self.dist.world} replica(s), this one on {self.device}", batch, lr,
                  f"{self.steps_per_epoch} steps per epoch", f"loading {self.cfg.data.loading}"]
         if self.dist.distributed:
@@ -450,6 +453,7 @@ class Trainer:
         self._check_compatible(state, path)
         self.model.load_state_dict(state["model"])
         self.optimizer.load_state_dict(state["optimizer"])  # moves the velocities to the parameters' device
+        self._hyperparameters_from_config()
         self.schedule.load_state_dict(state["schedule"])
         self.epoch, self.step = state["epoch"], self._resume_step(state, path)
         self.global_step = self.epoch * self.steps_per_epoch + self.step
@@ -467,6 +471,14 @@ class Trainer:
             self._adopt_lr(float(state["next_lr"]), path)
         print0(self.dist, f"resumed from {path}: epoch {self.epoch + 1}, step {self.step} "
                           f"(global step {self.global_step})")
+
+    def _hyperparameters_from_config(self) -> None:
+        """load_state_dict restores the checkpoint's momentum and weight decay; the config decides them
+        (as the schedule decides the lr), so that a changed setting is not silently ignored."""
+        fresh = build_optimizer(self.model, self.cfg.train).param_groups
+        for group, new in zip(self.optimizer.param_groups, fresh):
+            for key in ("momentum", "weight_decay", "nesterov", "lr_mult"):
+                group[key] = new[key]
 
     def _resume_state(self) -> tuple[dict | None, Path | None]:
         """(state, path) of what to resume from, loaded to the CPU, or (None, None) for a fresh run.

@@ -256,3 +256,12 @@ def test_resume_from_a_missing_file_exits_2(train_data, tmp_path):
 def test_no_arguments_names_only_the_config_as_required():
     r = run_script("train.py")
     assert r.returncode == 2 and "required: config" in r.stderr and "overrides" not in r.stderr.splitlines()[-1]
+
+
+def test_resume_takes_momentum_and_decay_from_the_config(train_data, tmp_path):
+    run = tmp_path / "run"
+    assert train.main(["configs/demo.yaml", *tiny_overrides(train_data, run, **{"train.epochs": 1})]) == 0
+    assert train.main(["configs/demo.yaml", *tiny_overrides(train_data, run), "train.momentum=0.5",
+                       "train.weight_decay=0.001"]) == 0
+    groups = load(run / "checkpoints" / "last.pt")["optimizer"]["param_groups"]
+    assert [(g["momentum"], g["weight_decay"]) for g in groups] == [(0.5, 0.001), (0.5, 0.0)]

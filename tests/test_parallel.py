@@ -193,6 +193,27 @@ def test_torchrun_single_node_two_processes(train_data, tmp_path):
     assert len(a) == len(b) and all(abs(x["loss"] - y["loss"]) < 1e-4 for x, y in zip(a, b))
 
 
+def test_torchrun_two_nodes_on_one_machine(train_data, tmp_path):
+    """Two torchrun agents, each standing for one node (--nnodes=2, --nproc-per-node=1), meet through a
+    c10d rendezvous on 127.0.0.1 and train as one job over gloo: the same run as the local launcher."""
+    own, tr = tmp_path / "own", tmp_path / "two_nodes"
+    common = {**DETERMINISTIC, "train.batch_size": 8, "parallel.exchange": "gradients"}
+    train(train_data, own, **common, **{"parallel.replicas": 2})
+    port, over = _port(), tiny_overrides(train_data, tr, **common)
+    agents = [subprocess.Popen([sys.executable, "-m", "torch.distributed.run", "--nnodes=2", f"--node-rank={node}",
+                                "--nproc-per-node=1", "--rdzv-backend=c10d", f"--rdzv-endpoint=127.0.0.1:{port}",
+                                "--rdzv-id=alexnet-test", "train.py", "configs/demo.yaml", *over],
+                               cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+              for node in (0, 1)]
+    outs = [a.communicate(timeout=300) for a in agents]
+    for agent, (_, err) in zip(agents, outs):
+        assert agent.returncode == 0, err[-3000:]
+    assert "2 replica(s)" in outs[0][0] + outs[1][0]
+    assert rel_diff(tr, own) <= 1e-5
+    a, b = read_metrics(tr / "metrics.jsonl"), read_metrics(own / "metrics.jsonl")
+    assert len(a) == len(b) and all(abs(x["loss"] - y["loss"]) < 1e-4 for x, y in zip(a, b))
+
+
 def _port() -> int:
     from alexnet.launch import free_port
     return free_port()

@@ -62,9 +62,9 @@ def run_replica(cfg: Config, config_path: str) -> int:
     stop, info = StopFlag(), None
     try:
         info = setup(cfg)
-        if cfg.parallel.replicas not in (1, info.world):
+        if cfg.parallel.replicas not in (1, info.replicas):
             print0(info, f"parallel.replicas={cfg.parallel.replicas} is ignored: the launcher started {info.world} "
-                         "processes, each one replica")
+                         f"processes, {info.replicas} replica(s) of {info.model_size}")
         print0(info, f"config {config_path} (differences from the paper defaults):\n{summary(cfg)}")
         write_run_config(cfg, info)
         install_signal_handlers(stop)
@@ -80,7 +80,7 @@ def run_replica(cfg: Config, config_path: str) -> int:
             raise
         print(f"train.py: replica rank {info.rank}: {e}", file=sys.stderr)
         return 1
-    teardown(info, cfg.run.checkpoint_timeout)
+    teardown(info, cfg.parallel.timeout)
     if stop.requested:
         return 128 + stop.signum
     if result:
@@ -95,9 +95,13 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as e:
         print(f"train.py: error: {e}", file=sys.stderr)
         return 2
-    if "WORLD_SIZE" not in os.environ and cfg.parallel.replicas > 1:
-        print(f"train.py: starting {cfg.parallel.replicas} replicas on this host", flush=True)
-        return launch_local(__file__, [args.config, *args.overrides], cfg.parallel.replicas, cfg.parallel.timeout)
+    processes = cfg.parallel.replicas * cfg.parallel.model_size
+    if "WORLD_SIZE" not in os.environ and processes > 1:
+        what = f"{cfg.parallel.replicas} replica(s)"
+        if cfg.parallel.model_size > 1:
+            what += f" x {cfg.parallel.model_size} ({cfg.parallel.model} model parallel)"
+        print(f"train.py: starting {processes} processes on this host: {what}", flush=True)
+        return launch_local(__file__, [args.config, *args.overrides], processes, cfg.parallel.timeout)
     return run_replica(cfg, args.config)
 
 

@@ -103,7 +103,11 @@ class RunConfig:
 
 @dataclass
 class ParallelConfig:
-    replicas: int = 1              # data-parallel replicas; train.py starts them (under torchrun: WORLD_SIZE)
+    replicas: int = 1              # data-parallel replicas; train.py starts replicas x model_size processes
+                                   # (under torchrun: WORLD_SIZE / model_size)
+    model_size: int = 1            # processes (devices) holding one model between them: model parallelism
+    model: str = "fc"              # fc: conv layers data parallel, fc layers sharded (Krizhevsky 2014, any
+                                   # arch); columns: the two columns of Krizhevsky 2012 (model_size 2)
     devices: list[str] = field(default_factory=list)  # e.g. [cuda:0, cuda:1]; replica r uses
                                    # devices[local rank % len]; empty: one GPU per local rank, or cpu
     exchange: str = "weights"      # weights: average parameters and momentum every exchange_every steps
@@ -136,11 +140,12 @@ CHOICES: dict[str, tuple] = {
     "train.lr_scaling": ("none", "linear"),
     "parallel.exchange": ("weights", "gradients"),
     "parallel.transport": ("auto", "ipc", "nccl", "gloo"),
+    "parallel.model": ("fc", "columns"),
 }
 POSITIVE = ("data.crop", "data.loader_timeout", "train.epochs", "train.batch_size", "train.log_every",
             "train.val_every", "train.lr_auto_patience", "model.width", "train.slices", "train.lr_ref_batch",
-            "parallel.replicas", "parallel.exchange_every", "parallel.bucket_mb", "parallel.timeout",
-            "run.checkpoint_timeout")
+            "parallel.replicas", "parallel.model_size", "parallel.exchange_every", "parallel.bucket_mb",
+            "parallel.timeout", "run.checkpoint_timeout")
 NON_NEGATIVE = ("data.shuffle_window", "data.val_batch_size", "train.lr", "train.momentum", "train.weight_decay",
                 "train.bias_lr_mult", "train.bias_decay_mult", "train.lr_min", "train.warmup_epochs",
                 "train.max_steps", "train.lr_auto_threshold", "run.keep_last", "run.save_every_steps")

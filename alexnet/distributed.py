@@ -20,6 +20,21 @@ from .config import Config, ConfigError, ParallelConfig
 
 
 @dataclass(frozen=True)
+class Peers:
+    """A group of processes: the torch.distributed group, its gloo twin for host-side messages, this
+    process's rank in it, and every member's global rank in group order."""
+
+    group: Any
+    cpu_group: Any
+    rank: int
+    ranks: tuple[int, ...]
+
+    @property
+    def size(self) -> int:
+        return len(self.ranks)
+
+
+@dataclass(frozen=True)
 class DistInfo:
     rank: int = 0
     world: int = 1
@@ -29,6 +44,22 @@ class DistInfo:
     transport: str = "none"   # how replicas exchange: ipc | nccl | gloo (none for one replica)
     cpu_group: Any = None     # a gloo group for barriers and small host-side messages
     slow_group: Any = None    # a gloo group whose timeout is run.checkpoint_timeout: for waiting on disks
+    model_size: int = 1       # M: processes holding one model between them (rank = data rank x M + model rank)
+    model_peers: Peers | None = None  # this process's model group (M > 1)
+    data_peers: Peers | None = None   # the processes holding the same part of the model: they average
+
+    @property
+    def model_rank(self) -> int:
+        return self.rank % self.model_size
+
+    @property
+    def data_rank(self) -> int:
+        return self.rank // self.model_size
+
+    @property
+    def replicas(self) -> int:
+        """R: data-parallel copies of the model (each held by a model group of M processes)."""
+        return self.world // self.model_size
 
     @property
     def is_main(self) -> bool:
@@ -152,6 +183,9 @@ def setup(cfg: Config) -> DistInfo:
     if "WORLD_SIZE" not in os.environ:
         return DistInfo(device=pick_device(replica_device_name(cfg.parallel.devices, cfg.run.device, 0)))
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    if world % cfg.parallel.model_size:
+        raise ConfigError(f"{world} processes cannot form model groups of parallel.model_size="
+                          f"{cfg.parallel.model_size}; start a multiple of it")
     local_rank = int(os.environ.get("LOCAL_RANK", rank))
     local_world = int(os.environ.get("LOCAL_WORLD_SIZE", world))
     device = pick_device(replica_device_name(cfg.parallel.devices, cfg.run.device, local_rank), local_rank)
@@ -165,19 +199,48 @@ def setup(cfg: Config) -> DistInfo:
     # A gloo rank that arrives early at a barrier gives up after its group's timeout, whatever the
     # barrier's own: waiting for a checkpoint write needs a group of its own.
     slow_group = dist.new_group(backend="gloo", timeout=timedelta(seconds=cfg.run.checkpoint_timeout))
-    return DistInfo(rank, world, local_rank, local_world, device, transport, cpu_group, slow_group)
+    model_peers, data_peers = build_mesh(rank, world, cfg.parallel.model_size, backend, timeout, cpu_group)
+    return DistInfo(rank, world, local_rank, local_world, device, transport, cpu_group, slow_group,
+                    cfg.parallel.model_size, model_peers, data_peers)
+
+
+def build_mesh(rank: int, world: int, model_size: int, backend: str, timeout: timedelta,
+               cpu_group) -> tuple[Peers | None, Peers]:
+    """(model group, data-parallel group) of this rank in the R x M mesh; model groups are consecutive
+    ranks (one host's fast links), data groups every M-th rank. Every rank creates every group, in
+    the same order, as torch.distributed requires."""
+    if world % model_size:
+        raise ConfigError(f"{world} processes cannot form model groups of parallel.model_size={model_size}")
+    if model_size == 1:
+        return None, Peers(dist.group.WORLD, cpu_group, rank, tuple(range(world)))
+    replicas = world // model_size
+    model_ranks = [tuple(range(d * model_size, (d + 1) * model_size)) for d in range(replicas)]
+    data_ranks = [tuple(range(m, world, model_size)) for m in range(model_size)]
+
+    def groups(all_ranks: list[tuple[int, ...]]) -> Peers:
+        made = [(dist.new_group(list(r), backend=backend, timeout=timeout),
+                 dist.new_group(list(r), backend="gloo", timeout=timeout) if backend != "gloo" else None)
+                for r in all_ranks]
+        i = next(i for i, r in enumerate(all_ranks) if rank in r)
+        group, cpu = made[i]
+        return Peers(group, cpu or group, all_ranks[i].index(rank), all_ranks[i])
+    return groups(model_ranks), groups(data_ranks)
 
 
 def slow_barrier(info: DistInfo, seconds: float) -> None:
-    """All ranks meet, waiting up to `seconds` (as long as a checkpoint write may take); a rank that
-    never comes is named in the error."""
+    """All ranks meet; rank 0 may arrive late (it writes the checkpoints).
+
+    The other ranks wait for rank 0 up to the slow group's own timeout (run.checkpoint_timeout);
+    rank 0, the barrier's coordinator, waits for them `seconds` after it arrives, and names a rank
+    that never comes: a hung replica is found within `seconds`, not within the checkpoint timeout.
+    """
     if info.distributed:
         dist.monitored_barrier(group=info.slow_group, timeout=timedelta(seconds=seconds))
 
 
-def teardown(info: DistInfo, seconds: float = 1800.0) -> None:
-    """Leave together, waiting up to `seconds` for rank 0's last checkpoint write: a replica that tears
-    its connections down while a peer still finishes can make the C++ side abort at exit."""
+def teardown(info: DistInfo, seconds: float = 300.0) -> None:
+    """Leave together, after rank 0's last checkpoint write: a replica that tears its connections down
+    while a peer still finishes can make the C++ side abort at exit. `seconds`: see slow_barrier."""
     if info.distributed and dist.is_initialized():
         slow_barrier(info, seconds)
         dist.destroy_process_group()

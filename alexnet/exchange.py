@@ -24,7 +24,9 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from .distributed import DistInfo
+from layers import Comm, all_reduce_sum
+
+from .distributed import DistInfo, Peers
 
 
 def flat_size(tensors: list[torch.Tensor]) -> int:
@@ -47,27 +49,27 @@ def unpack(flat: torch.Tensor, tensors: list[torch.Tensor]) -> None:
 
 
 @torch.no_grad()
-def broadcast_from_rank0(tensors: list[torch.Tensor], info: DistInfo) -> None:
-    """Make every replica start from rank 0's values (one flat broadcast)."""
-    if not info.distributed:
+def broadcast_from_first(tensors: list[torch.Tensor], peers: Peers) -> None:
+    """Make every member of `peers` start from its first member's values (one flat broadcast)."""
+    if peers.size == 1:
         return
     flat = torch.empty(flat_size(tensors), dtype=tensors[0].dtype, device=tensors[0].device)
     pack(tensors, flat)
-    dist.broadcast(flat, src=0)
+    dist.broadcast(flat, src=peers.ranks[0], group=peers.group)
     unpack(flat, tensors)
 
 
 class AllReduceAverage:
-    """The mean over replicas through one all-reduce (nccl or gloo)."""
+    """The mean over the peers through one all-reduce (nccl or gloo)."""
 
-    def __init__(self, numel: int, device: torch.device, info: DistInfo):
+    def __init__(self, numel: int, device: torch.device, peers: Peers):
         self.flat = torch.empty(numel, device=device)
-        self.world = info.world
+        self.peers = peers
 
     def average(self, tensors: list[torch.Tensor]) -> None:
         pack(tensors, self.flat)
-        dist.all_reduce(self.flat)
-        self.flat.div_(self.world)
+        dist.all_reduce(self.flat, group=self.peers.group)
+        self.flat.div_(self.peers.size)
         unpack(self.flat, tensors)
 
     def close(self) -> None:
@@ -85,24 +87,24 @@ class IpcAverage:
     One host barrier per exchange makes sure each waited-for event was recorded for the right round.
     """
 
-    def __init__(self, numel: int, device: torch.device, info: DistInfo):
-        self.info, self.device = info, device
+    def __init__(self, numel: int, device: torch.device, peers: Peers):
+        self.info, self.device = peers, device
         self.turn = 0
         if device.type == "cuda":
             own = [torch.empty(numel, device=device) for _ in range(2)]
             self.packed = [torch.cuda.Event(interprocess=True) for _ in range(2)]
             self.consumed = [torch.cuda.Event(interprocess=True) for _ in range(2)]
-            self.peers, self.peer_packed, self.peer_consumed = self._share_cuda(own)
+            self.buffers, self.peer_packed, self.peer_consumed = self._share_cuda(own)
         else:
-            self.peers = self._share_cpu(numel)
+            self.buffers = self._share_cpu(numel)
         self.acc = torch.empty(numel, device=device)
 
     def _share_cuda(self, own: list[torch.Tensor]):
-        """Every rank's two buffers and events, rebuilt here from CUDA IPC handles (ours used as they are)."""
+        """Every peer's two buffers and events, rebuilt here from CUDA IPC handles (ours used as they are)."""
         from torch.multiprocessing.reductions import reduce_tensor
         mine = ([reduce_tensor(b) for b in own], [e.ipc_handle() for e in self.packed],
                 [e.ipc_handle() for e in self.consumed])
-        handles = [None] * self.info.world
+        handles = [None] * self.info.size
         dist.all_gather_object(handles, mine, group=self.info.cpu_group)
         peers, packed, consumed = [], [], []
         for r, (buffers, packed_h, consumed_h) in enumerate(handles):
@@ -119,7 +121,7 @@ class IpcAverage:
     def _share_cpu(self, numel: int) -> list[list[torch.Tensor]]:
         """Shared mappings of files in /dev/shm, unlinked once every peer has mapped them (no leftovers)."""
         token = [secrets.token_hex(8)]
-        dist.broadcast_object_list(token, src=0, group=self.info.cpu_group)
+        dist.broadcast_object_list(token, src=self.info.ranks[0], group=self.info.cpu_group)
         folder = Path("/dev/shm") if Path("/dev/shm").is_dir() else Path("/tmp")
         name = lambda r, b: folder / f"alexnet-{token[0]}-{r}-{b}"  # noqa: E731
         for b in range(2):
@@ -127,14 +129,14 @@ class IpcAverage:
                 f.truncate(numel * 4)
         dist.barrier(group=self.info.cpu_group)
         peers = [[torch.from_file(str(name(r, b)), shared=True, size=numel, dtype=torch.float32) for b in range(2)]
-                 for r in range(self.info.world)]
+                 for r in range(self.info.size)]
         dist.barrier(group=self.info.cpu_group)
         for b in range(2):
             os.unlink(name(self.info.rank, b))
         return peers
 
     def _others(self) -> list[int]:
-        return [r for r in range(self.info.world) if r != self.info.rank]
+        return [r for r in range(self.info.size) if r != self.info.rank]
 
     def average(self, tensors: list[torch.Tensor]) -> None:
         t, cuda = self.turn, self.device.type == "cuda"
@@ -142,7 +144,7 @@ class IpcAverage:
         if cuda:  # peers may still be reading this buffer from two exchanges ago
             for r in self._others():
                 stream.wait_event(self.peer_consumed[r][t])
-        pack(tensors, self.peers[self.info.rank][t])
+        pack(tensors, self.buffers[self.info.rank][t])
         if cuda:
             self.packed[t].record(stream)
         # After this barrier every peer has written (CPU) or recorded the writing of (CUDA) its buffer of
@@ -151,32 +153,52 @@ class IpcAverage:
         if cuda:
             for r in self._others():
                 stream.wait_event(self.peer_packed[r][t])
-        for r in range(self.info.world):  # rank order on every replica: bit-identical sums
+        for r in range(self.info.size):  # rank order on every replica: bit-identical sums
             if r == 0:
-                self.acc.copy_(self.peers[r][t])
+                self.acc.copy_(self.buffers[r][t])
             else:
-                self.acc.add_(self.peers[r][t])
+                self.acc.add_(self.buffers[r][t])
         if cuda:
             self.consumed[t].record(stream)
-        self.acc.div_(self.info.world)
+        self.acc.div_(self.info.size)
         unpack(self.acc, tensors)
         self.turn = 1 - t
 
     def close(self) -> None:
         """Drop the mappings. Peers still reading our CUDA buffers keep them alive: torch counts the
         references of memory sent through CUDA IPC and frees it only after the consumers let go."""
-        self.peers = []
+        self.buffers = []
         self.acc = None
+
+
+class GradientAverage:
+    """The mean of the gradients over the peers, after the backward pass: one flat all-reduce.
+
+    For model-parallel layouts, whose data-parallel group is not the whole world (DDP averages over
+    one group and wraps one module); data parallelism alone uses DDP (overlapped with backward).
+    """
+
+    def __init__(self, params: list[torch.Tensor], comm: Comm):
+        self.params, self.comm = params, comm
+        self.flat = torch.empty(flat_size(params), device=params[0].device)
+
+    @torch.no_grad()
+    def __call__(self) -> None:
+        grads = [p.grad for p in self.params]
+        pack(grads, self.flat)
+        all_reduce_sum(self.flat, self.comm)
+        self.flat.div_(self.comm.size)
+        unpack(self.flat, grads)
 
 
 class WeightExchange:
     """Average parameters and momentum buffers across replicas every `every` steps."""
 
-    def __init__(self, model: nn.Module, optimizer, info: DistInfo, every: int = 1):
+    def __init__(self, model: nn.Module, optimizer, peers: Peers, transport: str, every: int = 1):
         self.model, self.optimizer, self.every = model, optimizer, every
         tensors = self.tensors()
-        impl = IpcAverage if info.transport == "ipc" else AllReduceAverage
-        self.impl = impl(flat_size(tensors), tensors[0].device, info)
+        impl = IpcAverage if transport == "ipc" else AllReduceAverage
+        self.impl = impl(flat_size(tensors), tensors[0].device, peers)
 
     def tensors(self) -> list[torch.Tensor]:
         """Parameters, then velocities (looked up each time: loading a checkpoint replaces them)."""

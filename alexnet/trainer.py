@@ -25,14 +25,15 @@ from data.layouts import DataError
 from data.loader import InlineLoader, LoaderSpec
 from data.reader import load_meta
 from data.slot_loader import SlotLoader
+from layers import Comm
 
 from .checkpoint import BackgroundWriter, CheckpointDir, CheckpointError, load, to_host
 from .config import Config, ConfigError, to_dict
 from .distributed import DistInfo, print0, slow_barrier
-from .exchange import WeightExchange, broadcast_from_rank0, wrap_gradients
+from .exchange import GradientAverage, WeightExchange, broadcast_from_first, wrap_gradients
 from .launch import Heartbeat
+from .layout import Layout
 from .metrics import Meter, MetricsLog
-from .models import build_model
 from .optim import LRSchedule, build_optimizer
 
 CHECKPOINT_KIND = "alexnet-checkpoint"
@@ -60,14 +61,14 @@ class StopFlag:
         return self.signum is not None
 
 
-def loader_spec(cfg: Config, dist: DistInfo, splits: tuple[str, ...]) -> LoaderSpec:
+def loader_spec(cfg: Config, dist: DistInfo, layout: Layout, splits: tuple[str, ...]) -> LoaderSpec:
     d = cfg.data
     return LoaderSpec(root=d.root, batch_size=cfg.train.batch_size,
-                      val_batch_size=d.val_batch_size or cfg.train.batch_size, crop=d.crop, rank=dist.rank,
-                      world=dist.world, seed=cfg.train.seed, shuffle=d.shuffle, shuffle_window=d.shuffle_window,
-                      random_crop=d.random_crop, flip=d.flip, mean=d.mean, channel_mean=tuple(d.channel_mean),
-                      channel_std=tuple(d.channel_std), device=str(dist.device),
-                      channels_last=cfg.train.channels_last, splits=splits)
+                      val_batch_size=d.val_batch_size or cfg.train.batch_size, crop=d.crop, rank=layout.reader_rank,
+                      world=layout.reader_world, seed=cfg.train.seed, shuffle=d.shuffle,
+                      shuffle_window=d.shuffle_window, random_crop=d.random_crop, flip=d.flip, mean=d.mean,
+                      channel_mean=tuple(d.channel_mean), channel_std=tuple(d.channel_std), device=str(dist.device),
+                      channels_last=cfg.train.channels_last, splits=splits, keep_empty=layout.keep_empty_batches)
 
 
 def make_loader(cfg: Config, spec: LoaderSpec):
@@ -121,7 +122,8 @@ def autocast_for(precision: str, device: torch.device):
 
 
 def sgd_step(forward, optimizer: torch.optim.Optimizer, x: torch.Tensor, y: torch.Tensor, autocast,
-             slices: int = 1, no_sync=None, keep_grads: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+             slices: int = 1, no_sync=None, keep_grads: bool = False, loss_scale: float = 1.0,
+             before_update=None) -> tuple[torch.Tensor, torch.Tensor]:
     """One update from the batch (x, y); returns (mean loss, logits), detached, nothing synchronised.
 
     `autocast` makes a fresh autocast context. With `slices` > 1 the batch runs as that many sequential
@@ -129,7 +131,9 @@ def sgd_step(forward, optimizer: torch.optim.Optimizer, x: torch.Tensor, y: torc
     update: the same step with less activation memory. `no_sync` (DistributedDataParallel's) keeps the
     gradient all-reduce for the last micro-batch only. `keep_grads` zeroes the gradients instead of
     dropping them: under DDP they are views of its all-reduce buckets, and a dropped gradient is
-    re-allocated by autograd and then copied into its bucket, every step.
+    re-allocated by autograd and then copied into its bucket, every step. `loss_scale` multiplies the
+    loss that is differentiated (a model-parallel process's share), not the one returned;
+    `before_update` runs between the last backward pass and the update (gradient synchronisation).
     """
     n, losses, outputs = y.shape[0], [], []
     for i, (xs, ys) in enumerate(zip(x.chunk(slices), y.chunk(slices))):
@@ -138,9 +142,11 @@ def sgd_step(forward, optimizer: torch.optim.Optimizer, x: torch.Tensor, y: torc
             with autocast():
                 logits = forward(xs)
             loss = F.cross_entropy(logits.float(), ys, reduction="sum") / n
-            loss.backward()
+            (loss * loss_scale if loss_scale != 1 else loss).backward()
         losses.append(loss.detach())
         outputs.append(logits.detach())
+    if before_update is not None:
+        before_update()
     optimizer.step()
     optimizer.zero_grad(set_to_none=not keep_grads)
     if slices == 1:
@@ -169,15 +175,18 @@ class Trainer:
         self.num_classes = resolve_num_classes(cfg, self.meta)
         self.has_val = "val" in self.meta["splits"]
         configure_backends(cfg.train.precision, self.device, cfg.train.deterministic)
+        self.layout = Layout(cfg, dist)
+        self.heartbeat = Heartbeat(dist.rank)
         self.model = self._build_model()
         self.optimizer = build_optimizer(self.model, cfg.train)
-        self.heartbeat = Heartbeat(dist.rank)
-        self.ddp = dist.distributed and cfg.parallel.exchange == "gradients"
+        self.ddp = dist.distributed and cfg.parallel.exchange == "gradients" and not self.layout.sharded
+        self.grad_average = None
         self.forward, self.exchange = self._replicate()
         torch.manual_seed(dropout_seed(cfg.train.seed, dist.rank))
-        self.loader = make_loader(cfg, loader_spec(cfg, dist, ("train", "val") if self.has_val else ("train",)))
+        splits = ("train", "val") if self.has_val else ("train",)
+        self.loader = make_loader(cfg, loader_spec(cfg, dist, self.layout, splits))
         self.steps_per_epoch = self.loader.steps("train")
-        self.global_batch = cfg.train.batch_size * dist.world
+        self.global_batch = self.layout.global_batch
         self.schedule = LRSchedule(cfg.train, self.steps_per_epoch, self.lr_scale())
         self.ckpt = CheckpointDir(Path(cfg.run.dir) / "checkpoints", cfg.run.keep_last)
         self.writer = BackgroundWriter()
@@ -191,27 +200,40 @@ class Trainer:
     # -- setup ---------------------------------------------------------------------------------------
 
     def _build_model(self) -> torch.nn.Module:
-        m = self.cfg.model
-        torch.manual_seed(self.cfg.train.seed)  # the same initial weights on every replica
-        model = build_model(m.arch, self.num_classes, m.width, m.dropout, self.cfg.data.crop, m.init,
-                            m.dropout_style)
+        try:
+            model = self.layout.build_model(self.num_classes, before_collective=self.heartbeat.arrive)
+        except ValueError as e:  # a layer that the model parallelism cannot split
+            raise ConfigError(str(e)) from None
         model = model.to(self.device)
         if self.cfg.train.channels_last:
             model = model.to(memory_format=torch.channels_last)
         return model
 
     def _replicate(self):
-        """(forward, weight exchange): identical start on every replica, then DDP or weight averaging."""
-        model, p = self.model, self.cfg.parallel
+        """(forward, weight exchange): identical start on every replica, then gradient or weight averaging.
+
+        Replicas are the processes holding the same part of the model (all of it, without model
+        parallelism). Gradients: DDP, or one flat all-reduce after backward for model-parallel layouts.
+        """
+        model, p, peers = self.model, self.cfg.parallel, self.dist.data_peers
         exchange = None
         if self.dist.distributed:
             self.heartbeat.arrive()
-            broadcast_from_rank0([t.data for t in model.parameters()], self.dist)
-            if p.exchange == "gradients":
+            broadcast_from_first([t.data for t in model.parameters()], peers)
+            if p.exchange == "weights":
+                exchange = WeightExchange(self.model, self.optimizer, peers, self.dist.transport, p.exchange_every)
+            elif self.ddp:
                 model = wrap_gradients(model, self.dist, p.bucket_mb, before_allreduce=self.heartbeat.arrive)
-            else:
-                exchange = WeightExchange(self.model, self.optimizer, self.dist, p.exchange_every)
+            elif peers.size > 1:
+                comm = Comm(peers.group, peers.rank, peers.size, before=self.heartbeat.arrive)
+                self.grad_average = GradientAverage(list(self.model.parameters()), comm)
         return (torch.compile(model) if self.cfg.train.compile else model), exchange
+
+    def _before_update(self) -> None:
+        """Model parallel: complete the replicated layers' gradients, then average with the replicas."""
+        self.model.sync_model_group()
+        if self.grad_average is not None:
+            self.grad_average()
 
     def lr_scale(self) -> float:
         """Goyal et al.'s linear scaling: lr x (total batch / reference batch)."""
@@ -230,7 +252,7 @@ class Trainer:
         now = self.schedule.lr_at(self.global_step)
         if not math.isclose(now, self.schedule.target_lr()):
             lr += f", now {now:g}"
-        parts = [f"{self.dist.world} replica(s), this one on {self.device}", batch, lr,
+        parts = [f"{self.layout.describe()}, this one on {self.device}", batch, lr,
                  f"{self.steps_per_epoch} steps per epoch", f"loading {self.cfg.data.loading}"]
         if self.dist.distributed:
             every = "" if p.exchange == "gradients" else (
@@ -318,12 +340,15 @@ class Trainer:
 
     def train_step(self, x: torch.Tensor, y: torch.Tensor) -> None:
         no_sync = getattr(self.forward, "no_sync", None) if self.cfg.train.slices > 1 else None
+        sharded = self.layout.sharded
         loss, logits = sgd_step(self.forward, self.optimizer, x, y, self.autocast, self.cfg.train.slices, no_sync,
-                                keep_grads=self.ddp)
+                                keep_grads=self.ddp, loss_scale=self.layout.loss_scale,
+                                before_update=self._before_update if sharded else None)
         if self.exchange is not None and (self.global_step + 1) % self.exchange.every == 0:
             self.heartbeat.arrive()
             self.exchange.after_step(self.global_step + 1)
-        self.meter.update(loss, logits, y)
+        if self.layout.counts_metrics:
+            self.meter.update(loss, logits, y)
         step = torch.full((), self.global_step, dtype=torch.int64, device=self.device)
         self.first_bad = torch.where(torch.isfinite(loss), self.first_bad, torch.minimum(self.first_bad, step))
 
@@ -367,7 +392,8 @@ class Trainer:
         for batch in self.loader.batches("val", 0):
             with self.autocast():
                 logits = self.forward(batch.x)
-            meter.update(F.cross_entropy(logits.float(), batch.y), logits, batch.y)
+            if batch.n and self.layout.counts_metrics:
+                meter.update(F.cross_entropy(logits.float(), batch.y), logits, batch.y)
             n += batch.n
             bar.update(1)
             self.heartbeat.beat()
@@ -405,8 +431,11 @@ class Trainer:
         return states
 
     def state_dict(self) -> dict:
-        return {"kind": CHECKPOINT_KIND, "version": 1, "model": self.model.state_dict(),
-                "optimizer": self.optimizer.state_dict(), "schedule": self.schedule.state_dict(),
+        """The checkpoint: the single-device model and optimizer state whatever the layout (complete on
+        rank 0), plus everything an exact resume needs."""
+        model_state, opt_state = self.layout.full_state(self.model, self.optimizer)
+        return {"kind": CHECKPOINT_KIND, "version": 1, "model": model_state,
+                "optimizer": opt_state, "schedule": self.schedule.state_dict(),
                 "epoch": self.epoch, "step": self.step, "global_step": self.global_step,
                 "global_batch": self.global_batch, "best_top1_err": self.best_err, "elapsed": self.elapsed(),
                 "meter": self.reduce(self.meter.sums.clone()).cpu(), "rng": self.rng_states(),
@@ -437,10 +466,10 @@ class Trainer:
         (which a slow disk or network file system would exceed)."""
         if self.dist.is_main:
             self.writer.wait(beat=self.heartbeat.beat)
-        self.barrier(self.cfg.run.checkpoint_timeout)
+        self.barrier(self.cfg.parallel.timeout)
 
     def barrier(self, seconds: float) -> None:
-        """All replicas meet here; a rank missing after `seconds` is named in the error."""
+        """All replicas meet here (rank 0 may be late; it waits `seconds` for the others: slow_barrier)."""
         if self.dist.distributed:
             self.heartbeat.arrive()
             slow_barrier(self.dist, seconds)
@@ -451,8 +480,7 @@ class Trainer:
         if state is None:
             return
         self._check_compatible(state, path)
-        self.model.load_state_dict(state["model"])
-        self.optimizer.load_state_dict(state["optimizer"])  # moves the velocities to the parameters' device
+        self.layout.load_full_state(self.model, self.optimizer, state["model"], state["optimizer"])
         self._hyperparameters_from_config()
         self.schedule.load_state_dict(state["schedule"])
         self.epoch, self.step = state["epoch"], self._resume_step(state, path)

@@ -39,6 +39,8 @@ class LoaderSpec:
     device: str = "cpu"
     channels_last: bool = False
     splits: tuple = field(default=("train", "val"))
+    keep_empty: bool = False  # yield the empty last batches of a split too (every process must take part
+                              # in every step of a model-parallel group)
 
 
 @dataclass
@@ -168,7 +170,7 @@ class InlineLoader:
     def batches(self, split: str, epoch: int, start: int = 0) -> Iterator[Batch]:
         for step in range(start, self.steps(split)):
             batch = self.maker.make(split, epoch, step)
-            if batch.n:
+            if batch.n or self.maker.spec.keep_empty:
                 yield batch
 
     def close(self) -> None:

@@ -241,10 +241,10 @@ class SlotLoader:
                     finished = True
                     return
                 _, slot, step, n, _ = msg
-                if n == 0:
+                if n == 0 and not self.spec.keep_empty:
                     self.conn.send(("free", slot))
                     continue
-                if stream is not None:
+                if stream is not None and n:  # nothing was written, so no ready event was recorded
                     stream.wait_event(self.ready_events[slot])
                 held = slot
                 yield Batch(self.slots.x[slot][:n], self.slots.y[slot][:n], step)

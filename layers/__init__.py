@@ -1,8 +1,10 @@
 """Reusable network pieces (one concept per file, timm-style)."""
 
+from .collectives import Comm, all_reduce_sum, gather, gather_counts
 from .dropout import DROPOUT_STYLES, Dropout
-from .lrn import LRN, channel_window_sum, lrn_reference
+from .lrn import LRN, channel_window_sum, lrn_reference, lrn_with_halo
 from .pool import AdaptiveAvgPool, MaxPool, adaptive_avg_pool2d_fixed_order, max_pool2d_fixed_order
 
-__all__ = ["DROPOUT_STYLES", "AdaptiveAvgPool", "Dropout", "LRN", "MaxPool", "adaptive_avg_pool2d_fixed_order",
-           "channel_window_sum", "lrn_reference", "max_pool2d_fixed_order"]
+__all__ = ["DROPOUT_STYLES", "AdaptiveAvgPool", "Comm", "Dropout", "LRN", "MaxPool", "adaptive_avg_pool2d_fixed_order",
+           "all_reduce_sum", "channel_window_sum", "gather", "gather_counts", "lrn_reference", "lrn_with_halo",
+           "max_pool2d_fixed_order"]

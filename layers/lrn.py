@@ -55,12 +55,29 @@ def channel_window_sum(x: torch.Tensor, size: int) -> torch.Tensor:
 
     Shifted slices added in a fixed order: forward and backward are plain dense ops, deterministic.
     """
-    half, channels = size // 2, x.shape[1]
-    padded = F.pad(x, (0, 0, 0, 0, half, half))
+    half = size // 2
+    return _window_sum_padded(F.pad(x, (0, 0, 0, 0, half, half)), size, x.shape[1])
+
+
+def _window_sum_padded(padded: torch.Tensor, size: int, channels: int) -> torch.Tensor:
+    """Window sums of the `channels` middle channels of `padded` (size // 2 extra channels each side)."""
     total = padded[:, :channels]
     for i in range(1, size):
         total = total + padded[:, i:i + channels]
     return total
+
+
+def lrn_with_halo(x: torch.Tensor, left: torch.Tensor, right: torch.Tensor, lrn: LRN) -> torch.Tensor:
+    """`lrn` of the channels of `x`, a slice of a wider channel axis (a model-parallel column).
+
+    `left` and `right` are the size // 2 channels just before and after the slice (zeros at the
+    outer edges), so every window sums what the whole channel axis would give it.
+    """
+    half = lrn.size // 2
+    if left.shape[1] != half or right.shape[1] != half:
+        raise ValueError(f"LRN halo must be {half} channels each side, got {left.shape[1]} and {right.shape[1]}")
+    squares = torch.cat([left, x, right], dim=1) ** 2
+    return x / (lrn.k + lrn.alpha * _window_sum_padded(squares, lrn.size, x.shape[1])) ** lrn.beta
 
 
 def lrn_reference(

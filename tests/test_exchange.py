@@ -9,8 +9,8 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from alexnet.config import ParallelConfig, TrainConfig
-from alexnet.distributed import DistInfo
-from alexnet.exchange import WeightExchange, broadcast_from_rank0
+from alexnet.distributed import DistInfo, Peers
+from alexnet.exchange import WeightExchange, broadcast_from_first
 from alexnet.launch import free_port
 from alexnet.optim import build_optimizer
 from alexnet.trainer import sgd_step
@@ -19,12 +19,12 @@ from alexnet.trainer import sgd_step
 def _replica(rank: int, world: int, port: int, transport: str, every: int, steps: int, out: str) -> None:
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     dist.init_process_group("gloo", rank=rank, world_size=world)
-    info = DistInfo(rank, world, rank, world, torch.device("cpu"), transport, dist.group.WORLD)
     torch.manual_seed(100 + rank)  # deliberately different starts: the broadcast must fix that
     model = torch.nn.Sequential(torch.nn.Linear(5, 7), torch.nn.ReLU(), torch.nn.Linear(7, 3))
-    broadcast_from_rank0([p.data for p in model.parameters()], info)
+    peers = Peers(dist.group.WORLD, dist.group.WORLD, rank, tuple(range(world)))
+    broadcast_from_first([p.data for p in model.parameters()], peers)
     opt = build_optimizer(model, TrainConfig(lr=0.1, momentum=0.9, weight_decay=1e-3))
-    exchange = WeightExchange(model, opt, info, every)
+    exchange = WeightExchange(model, opt, peers, transport, every)
     history = []
     for step in range(1, steps + 1):
         g = torch.Generator().manual_seed(1000 * rank + step)  # each replica its own data
@@ -122,8 +122,7 @@ def _ipc_gpu_replica(rank: int, world: int, port: int, out: str) -> None:
     dist.init_process_group("gloo", rank=rank, world_size=world)
     device = torch.device("cuda", 0)
     torch.cuda.set_device(device)
-    info = DistInfo(rank, world, rank, world, device, "ipc", dist.group.WORLD)
-    avg = IpcAverage(1000, device, info)
+    avg = IpcAverage(1000, device, Peers(dist.group.WORLD, dist.group.WORLD, rank, tuple(range(world))))
     results, host_waited = [], []
     for step in range(4):
         tensors = [torch.full((600,), float(rank + step), device=device), torch.full((400,), float(10 * rank))]

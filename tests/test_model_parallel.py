@@ -1,0 +1,177 @@
+"""Model parallelism and the hybrid (issue: Yadan et al. 2013; Krizhevsky 2012/2014), real processes over gloo.
+
+With dropout 0 and the randomness off, every layout must train exactly as one process with the same
+global batch (relative difference <= 1e-5), its checkpoints must resume in any other layout and
+evaluate with scripts/evaluate.py, and a dead or hung member of a model group must end the run.
+"""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import time
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+import torch.nn.functional as F
+
+from alexnet.checkpoint import load
+from alexnet.launch import free_port
+from alexnet.metrics import read_metrics
+from alexnet.model_parallel import ShardedNet, build_sharded, parameter_bytes, sharding_problem
+from alexnet.models import build_model
+from layers import Comm
+from tests.conftest import run_script, tiny_overrides
+from tests.test_parallel import DETERMINISTIC, _all_gone, _launch, _rank_of, _replicas_training, _tree, rel_diff
+
+
+def _check_layout(rank: int, world: int, port: int, mode: str, arch: str, out: str) -> None:
+    """One member: logits and gradients of its part against the single-device model on all images."""
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+    crop, b = (80, 3) if arch == "owt" else (67, 3)
+    torch.manual_seed(0)
+    net = build_sharded(arch, 4, 0.125, 0.0, crop, "torch", "inverted", mode, Comm(dist.group.WORLD, rank, world))
+    torch.manual_seed(1)
+    images = b * (world if mode == "fc" else 1)
+    x_all, y_all = torch.randn(images, 3, crop, crop), torch.randint(0, 4, (images,))
+    x, y = (x_all[rank * b:(rank + 1) * b], y_all[rank * b:(rank + 1) * b]) if mode == "fc" else (x_all, y_all)
+    logits = net(x)
+    (F.cross_entropy(logits, y) / world).backward()  # each member's share of the group's mean loss
+    net.sync_model_group()
+    mine = ({k: p.grad for k, p in net.named_parameters()}, logits.detach())
+    pieces = [None] * world
+    dist.all_gather_object(pieces, mine)
+    if rank == 0:
+        torch.manual_seed(0)
+        ref = build_model(arch, 4, 0.125, 0.0, crop, "torch")
+        ref_logits = ref(x_all)
+        F.cross_entropy(ref_logits, y_all).backward()
+        grads = net.assemble([p[0] for p in pieces])
+        logits = torch.cat([p[1] for p in pieces]) if mode == "fc" else pieces[0][1]
+        torch.save({"logits": (logits, ref_logits.detach()),
+                    "grads": {k: (grads[k], p.grad) for k, p in ref.named_parameters()}}, f"{out}/result.pt")
+    dist.destroy_process_group()
+
+
+@pytest.mark.parametrize("mode, arch, world", [("columns", "alexnet", 2), ("columns", "caffenet", 2),
+                                               ("fc", "alexnet", 2), ("fc", "caffenet", 4), ("fc", "owt", 4)])
+def test_parts_compute_the_single_device_function(tmp_path, mode, arch, world):
+    mp.start_processes(_check_layout, args=(world, free_port(), mode, arch, str(tmp_path)), nprocs=world,
+                       start_method="spawn")
+    got = torch.load(tmp_path / "result.pt", weights_only=True)
+    logits, ref = got["logits"]
+    assert logits.shape == ref.shape and ((logits - ref).norm() / ref.norm()) <= 1e-5
+    for key, (g, want) in got["grads"].items():
+        assert g.shape == want.shape and ((g - want).norm() / want.norm()) <= 1e-5, key
+
+
+@pytest.mark.parametrize("mode, world", [("columns", 2), ("fc", 2), ("fc", 4)])
+def test_parameter_bytes_per_process(mode, world):
+    """Full-size AlexNet: each process holds 1/M of the sharded layers plus the replicated ones."""
+    with torch.device("meta"):
+        full = build_model("alexnet", 1000, 1.0, 0.5, 227, "torch")
+        parts = [ShardedNet(full, mode, Comm(None, m, world)) for m in range(world)]
+    sharded = sum(p.numel() * 4 for k, p in full.named_parameters() if k in parts[0].sharded_keys)
+    replicated = parameter_bytes(full) - sharded
+    for part in parts:
+        assert parameter_bytes(part) == replicated + sharded // world
+    assert (replicated == 0) == (mode == "columns")
+    assert sharded / parameter_bytes(full) > 0.95  # the fc layers: 96 % of AlexNet's weights
+
+
+def test_unsplittable_layouts_are_refused():
+    with torch.device("meta"):
+        full = build_model("owt", 10, 1.0, 0.5, 224, "torch")
+    assert "model_size=2 and model.arch alexnet or caffenet" in sharding_problem("columns", "owt", 2, full)
+    assert "does not divide a layer of 10 classes" in sharding_problem("fc", "owt", 4, full)
+    assert sharding_problem("fc", "owt", 2, full) is None
+
+
+# -- train.py end to end --------------------------------------------------------------------------------
+
+def run(train_data, run_dir, **extra):
+    r = run_script("train.py", "configs/demo.yaml", *tiny_overrides(train_data, run_dir, **{**DETERMINISTIC, **extra}),
+                   timeout=420)
+    assert r.returncode == 0, r.stderr[-3000:]
+    return r
+
+
+@pytest.fixture(scope="module")
+def single(train_data, tmp_path_factory):
+    """One process, global batch 8: with momentum, and plain SGD (for weights mode)."""
+    refs = {}
+    for momentum in (0.9, 0.0):
+        refs[momentum] = tmp_path_factory.mktemp(f"single{momentum}")
+        run(train_data, refs[momentum], **{"train.batch_size": 8, "train.momentum": momentum})
+    return refs
+
+
+LAYOUTS = {  # name: overrides; every one has a global batch of 8
+    "columns M=2": {"parallel.model": "columns", "parallel.model_size": 2, "train.batch_size": 8},
+    "fc M=2": {"parallel.model": "fc", "parallel.model_size": 2, "train.batch_size": 4},
+    "fc M=4": {"parallel.model": "fc", "parallel.model_size": 4, "train.batch_size": 2},
+    "columns R=2 x M=2, gradients": {"parallel.model": "columns", "parallel.model_size": 2, "parallel.replicas": 2,
+                                     "train.batch_size": 4, "parallel.exchange": "gradients"},
+    "columns R=2 x M=2, weights": {"parallel.model": "columns", "parallel.model_size": 2, "parallel.replicas": 2,
+                                   "train.batch_size": 4, "parallel.exchange": "weights", "train.momentum": 0.0},
+    "fc R=2 x M=2, weights": {"parallel.model": "fc", "parallel.model_size": 2, "parallel.replicas": 2,
+                              "train.batch_size": 2, "parallel.exchange": "weights", "train.momentum": 0.0},
+}
+
+
+@pytest.mark.parametrize("name", list(LAYOUTS))
+def test_layout_trains_like_one_process(train_data, tmp_path, single, name):
+    over = LAYOUTS[name]
+    r = run(train_data, tmp_path / "run", **over)
+    assert "model parallel" in r.stdout and "global batch 8" in r.stdout
+    ref = single[over.get("train.momentum", 0.9)]
+    assert rel_diff(tmp_path / "run", ref) <= 1e-5
+    a, b = read_metrics(tmp_path / "run" / "metrics.jsonl"), read_metrics(ref / "metrics.jsonl")
+    assert [(x["split"], x["iter"], x.get("n")) for x in a] == [(y["split"], y["iter"], y.get("n")) for y in b]
+    assert all(abs(x["loss"] - y["loss"]) < 1e-4 and x["top1_err"] == y["top1_err"] for x, y in zip(a, b))
+
+
+def test_checkpoints_resume_in_other_layouts_and_evaluate(train_data, tmp_path):
+    """columns M=2 for epoch 1, one process for epoch 2, fc R=2 x M=2 for epoch 3 == 3 epochs in one process."""
+    ref, mixed = tmp_path / "ref", tmp_path / "mixed"
+    steps = {"train.lr_steps": [2]}
+    run(train_data, ref, **steps, **{"train.batch_size": 8, "train.epochs": 3})
+    run(train_data, mixed, **steps, **{**LAYOUTS["columns M=2"], "train.epochs": 1})
+    run(train_data, mixed, **steps, **{"train.batch_size": 8, "train.epochs": 2})
+    run(train_data, mixed, **steps, **{"parallel.model": "fc", "parallel.model_size": 2, "parallel.replicas": 2,
+                                       "train.batch_size": 2, "parallel.exchange": "gradients", "train.epochs": 3})
+    assert rel_diff(mixed, ref) <= 1e-5
+    state = load(mixed / "checkpoints" / "last.pt")
+    assert state["epoch"] == 3 and state["config"]["parallel"]["model_size"] == 2
+    out = tmp_path / "eval.json"
+    weights = mixed / "checkpoints" / "last.pt"
+    r = run_script("scripts/evaluate.py", "--data", str(train_data), "--weights", str(weights), "--json", str(out),
+                   "--no-progress")
+    assert r.returncode == 0, r.stderr
+    record = json.loads(out.read_text())
+    val = [x for x in read_metrics(mixed / "metrics.jsonl") if x["split"] == "val"][-1]
+    assert record["n"] == val["n"] and abs(record["top1_err"] - val["top1_err"]) < 1e-9
+
+
+@pytest.mark.parametrize("fault", ["kill", "hang"])
+def test_dead_or_hung_member_of_a_model_group_ends_the_run(train_data, tmp_path, fault):
+    run_dir = tmp_path / "run"
+    proc = _launch(train_data, run_dir, **{"parallel.replicas": 1, "parallel.model_size": 2, "parallel.model": "fc",
+                                           "train.batch_size": 4, "parallel.timeout": 10})
+    members = _replicas_training(proc, run_dir)
+    everything = _tree(members)
+    victim = next(p for p in members if _rank_of(p) == 1)
+    os.kill(victim, signal.SIGKILL if fault == "kill" else signal.SIGSTOP)
+    start = time.monotonic()
+    _, err = proc.communicate(timeout=120)
+    took = time.monotonic() - start
+    assert proc.returncode == 1, err[-2000:]
+    assert took < (10 if fault == "kill" else 10 + 40), took
+    if fault == "kill":
+        assert "replica rank 1" in err and "signal 9" in err, err[-2000:]
+    else:
+        assert "replica rank 1 stopped making progress" in err, err[-2000:]
+    assert _all_gone(everything), [p for p in everything if os.path.exists(f"/proc/{p}")]

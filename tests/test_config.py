@@ -1,6 +1,8 @@
 """alexnet/config.py: YAML + dotted overrides into a typed, validated config."""
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from alexnet.config import Config, ConfigError, differences, dump_yaml, from_dict, load_config, parse_override, to_dict
@@ -78,8 +80,24 @@ def test_roundtrip_and_differences(tmp_path):
     assert Config().train.lr_steps is not Config().train.lr_steps  # no shared mutable defaults
 
 
-@pytest.mark.parametrize("name", ["demo", "alexnet_1gpu", "caffenet", "owt", "alexnet_2gpu", "alexnet_8gpu_goyal"])
-def test_shipped_configs_load(name):
-    from pathlib import Path
-    cfg = load_config(Path(__file__).parents[1] / "configs" / f"{name}.yaml", ["data.root=x"])
+CONFIGS = sorted((Path(__file__).parents[1] / "configs").glob("*.yaml"))
+
+
+@pytest.mark.parametrize("path", CONFIGS, ids=[p.stem for p in CONFIGS])
+def test_shipped_configs_load(path):
+    """Every shipped config loads, and a model-parallel one splits the full-size model it names."""
+    import torch
+
+    from alexnet.model_parallel import sharding_problem
+    from alexnet.models import build_model
+    cfg = load_config(path, ["data.root=x"])
     assert cfg.model.arch in ("alexnet", "caffenet", "owt")
+    if cfg.parallel.model_size > 1:
+        with torch.device("meta"):
+            full = build_model(cfg.model.arch, 1000, cfg.model.width, 0.5, cfg.data.crop, "torch")
+        assert sharding_problem(cfg.parallel.model, cfg.model.arch, cfg.parallel.model_size, full) is None
+
+
+def test_shipped_config_set():
+    assert {"demo", "alexnet_1gpu", "alexnet_2gpu", "alexnet_2gpu_model", "alexnet_4gpu_hybrid", "alexnet_8gpu_fc",
+            "alexnet_8gpu_goyal", "caffenet", "owt", "theano_continue"} <= {p.stem for p in CONFIGS}

@@ -199,6 +199,10 @@ class WeightExchange:
         tensors = self.tensors()
         impl = IpcAverage if transport == "ipc" else AllReduceAverage
         self.impl = impl(flat_size(tensors), tensors[0].device, peers)
+        n, size = peers.size, self.bytes_per_exchange()
+        # bytes that cross a link per exchange, per replica: ring all-reduce, or reading every peer
+        self.moved = (n - 1) * size if transport == "ipc" else 2 * (n - 1) * size // n
+        self.sent = [0]
 
     def tensors(self) -> list[torch.Tensor]:
         """Parameters, then velocities (looked up each time: loading a checkpoint replaces them)."""
@@ -212,25 +216,34 @@ class WeightExchange:
         """Call after each optimizer step; exchanges when `steps_done` is a multiple of `every`."""
         if steps_done % self.every:
             return False
-        self.impl.average(self.tensors())
+        self.average()
         return True
+
+    @torch.no_grad()
+    def average(self) -> None:
+        """Average now (also between scheduled exchanges: before a checkpoint)."""
+        self.impl.average(self.tensors())
+        self.sent[0] += self.moved
 
     def close(self) -> None:
         self.impl.close()
 
 
-def wrap_gradients(model: nn.Module, info: DistInfo, bucket_mb: float, before_allreduce=None) -> nn.Module:
+def wrap_gradients(model: nn.Module, info: DistInfo, bucket_mb: float, comm: Comm | None = None) -> nn.Module:
     """DistributedDataParallel: gradients averaged in buckets, overlapped with the backward pass.
 
-    `before_allreduce` runs before each bucket's all-reduce (the launcher's heartbeat).
+    `comm` (the whole world): its `before` runs ahead of each bucket's all-reduce (the launcher's
+    heartbeat) and it counts the bytes sent.
     """
     from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
     from torch.nn.parallel import DistributedDataParallel as DDP
     ids = [info.device.index] if info.device.type == "cuda" else None
     ddp = DDP(model, device_ids=ids, bucket_cap_mb=bucket_mb, gradient_as_bucket_view=True)
-    if before_allreduce is not None:
+    if comm is not None:
         def hook(state, bucket):
-            before_allreduce()
+            comm.arrive()
+            buffer = bucket.buffer()
+            comm.sent[0] += 2 * buffer.numel() * buffer.element_size() * (comm.size - 1) // comm.size
             return allreduce_hook(state, bucket)
         ddp.register_comm_hook(None, hook)
     return ddp

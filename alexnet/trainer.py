@@ -25,16 +25,14 @@ from data.layouts import DataError
 from data.loader import InlineLoader, LoaderSpec
 from data.reader import load_meta
 from data.slot_loader import SlotLoader
-from layers import Comm
 
 from .checkpoint import BackgroundWriter, CheckpointDir, CheckpointError, load, to_host
 from .config import Config, ConfigError, to_dict
 from .distributed import DistInfo, print0, slow_barrier
-from .exchange import GradientAverage, WeightExchange, broadcast_from_first, wrap_gradients
 from .launch import Heartbeat
-from .layout import Layout
 from .metrics import Meter, MetricsLog
-from .optim import LRSchedule, build_optimizer
+from .optim import LRSchedule
+from .replica import Layout, Replica, sgd_step  # noqa: F401  (sgd_step: the update, used by benchmarks)
 
 CHECKPOINT_KIND = "alexnet-checkpoint"
 _NO_BAD_STEP = 2**62
@@ -121,39 +119,6 @@ def autocast_for(precision: str, device: torch.device):
     return contextlib.nullcontext()
 
 
-def sgd_step(forward, optimizer: torch.optim.Optimizer, x: torch.Tensor, y: torch.Tensor, autocast,
-             slices: int = 1, no_sync=None, keep_grads: bool = False, loss_scale: float = 1.0,
-             before_update=None) -> tuple[torch.Tensor, torch.Tensor]:
-    """One update from the batch (x, y); returns (mean loss, logits), detached, nothing synchronised.
-
-    `autocast` makes a fresh autocast context. With `slices` > 1 the batch runs as that many sequential
-    micro-batches whose gradients accumulate (each loss is its share of the batch mean), then one
-    update: the same step with less activation memory. `no_sync` (DistributedDataParallel's) keeps the
-    gradient all-reduce for the last micro-batch only. `keep_grads` zeroes the gradients instead of
-    dropping them: under DDP they are views of its all-reduce buckets, and a dropped gradient is
-    re-allocated by autograd and then copied into its bucket, every step. `loss_scale` multiplies the
-    loss that is differentiated (a model-parallel process's share), not the one returned;
-    `before_update` runs between the last backward pass and the update (gradient synchronisation).
-    """
-    n, losses, outputs = y.shape[0], [], []
-    for i, (xs, ys) in enumerate(zip(x.chunk(slices), y.chunk(slices))):
-        defer = no_sync is not None and i < slices - 1
-        with no_sync() if defer else contextlib.nullcontext():
-            with autocast():
-                logits = forward(xs)
-            loss = F.cross_entropy(logits.float(), ys, reduction="sum") / n
-            (loss * loss_scale if loss_scale != 1 else loss).backward()
-        losses.append(loss.detach())
-        outputs.append(logits.detach())
-    if before_update is not None:
-        before_update()
-    optimizer.step()
-    optimizer.zero_grad(set_to_none=not keep_grads)
-    if slices == 1:
-        return losses[0], outputs[0]
-    return torch.stack(losses).sum(), torch.cat(outputs)
-
-
 def resolve_num_classes(cfg: Config, meta: dict) -> int:
     data_classes = int(meta["num_classes"])
     if cfg.model.num_classes is not None and cfg.model.num_classes != data_classes:
@@ -175,13 +140,10 @@ class Trainer:
         self.num_classes = resolve_num_classes(cfg, self.meta)
         self.has_val = "val" in self.meta["splits"]
         configure_backends(cfg.train.precision, self.device, cfg.train.deterministic)
-        self.layout = Layout(cfg, dist)
         self.heartbeat = Heartbeat(dist.rank)
-        self.model = self._build_model()
-        self.optimizer = build_optimizer(self.model, cfg.train)
-        self.ddp = dist.distributed and cfg.parallel.exchange == "gradients" and not self.layout.sharded
-        self.grad_average = None
-        self.forward, self.exchange = self._replicate()
+        self.replica = Replica(cfg, dist, self.num_classes, arrive=self.heartbeat.arrive)
+        self.layout, self.model, self.forward = self.replica.layout, self.replica.model, self.replica.forward
+        self.optimizer = self.replica.optimizer
         torch.manual_seed(dropout_seed(cfg.train.seed, dist.rank))
         splits = ("train", "val") if self.has_val else ("train",)
         self.loader = make_loader(cfg, loader_spec(cfg, dist, self.layout, splits))
@@ -198,42 +160,6 @@ class Trainer:
         self.last_val: dict | None = None
 
     # -- setup ---------------------------------------------------------------------------------------
-
-    def _build_model(self) -> torch.nn.Module:
-        try:
-            model = self.layout.build_model(self.num_classes, before_collective=self.heartbeat.arrive)
-        except ValueError as e:  # a layer that the model parallelism cannot split
-            raise ConfigError(str(e)) from None
-        model = model.to(self.device)
-        if self.cfg.train.channels_last:
-            model = model.to(memory_format=torch.channels_last)
-        return model
-
-    def _replicate(self):
-        """(forward, weight exchange): identical start on every replica, then gradient or weight averaging.
-
-        Replicas are the processes holding the same part of the model (all of it, without model
-        parallelism). Gradients: DDP, or one flat all-reduce after backward for model-parallel layouts.
-        """
-        model, p, peers = self.model, self.cfg.parallel, self.dist.data_peers
-        exchange = None
-        if self.dist.distributed:
-            self.heartbeat.arrive()
-            broadcast_from_first([t.data for t in model.parameters()], peers)
-            if p.exchange == "weights":
-                exchange = WeightExchange(self.model, self.optimizer, peers, self.dist.transport, p.exchange_every)
-            elif self.ddp:
-                model = wrap_gradients(model, self.dist, p.bucket_mb, before_allreduce=self.heartbeat.arrive)
-            elif peers.size > 1:
-                comm = Comm(peers.group, peers.rank, peers.size, before=self.heartbeat.arrive)
-                self.grad_average = GradientAverage(list(self.model.parameters()), comm)
-        return (torch.compile(model) if self.cfg.train.compile else model), exchange
-
-    def _before_update(self) -> None:
-        """Model parallel: complete the replicated layers' gradients, then average with the replicas."""
-        self.model.sync_model_group()
-        if self.grad_average is not None:
-            self.grad_average()
 
     def lr_scale(self) -> float:
         """Goyal et al.'s linear scaling: lr x (total batch / reference batch)."""
@@ -339,14 +265,7 @@ class Trainer:
         return bool(flag.item())
 
     def train_step(self, x: torch.Tensor, y: torch.Tensor) -> None:
-        no_sync = getattr(self.forward, "no_sync", None) if self.cfg.train.slices > 1 else None
-        sharded = self.layout.sharded
-        loss, logits = sgd_step(self.forward, self.optimizer, x, y, self.autocast, self.cfg.train.slices, no_sync,
-                                keep_grads=self.ddp, loss_scale=self.layout.loss_scale,
-                                before_update=self._before_update if sharded else None)
-        if self.exchange is not None and (self.global_step + 1) % self.exchange.every == 0:
-            self.heartbeat.arrive()
-            self.exchange.after_step(self.global_step + 1)
+        loss, logits = self.replica.step(x, y, self.global_step + 1, self.autocast)
         if self.layout.counts_metrics:
             self.meter.update(loss, logits, y)
         step = torch.full((), self.global_step, dtype=torch.int64, device=self.device)
@@ -433,7 +352,7 @@ class Trainer:
     def state_dict(self) -> dict:
         """The checkpoint: the single-device model and optimizer state whatever the layout (complete on
         rank 0), plus everything an exact resume needs."""
-        model_state, opt_state = self.layout.full_state(self.model, self.optimizer)
+        model_state, opt_state = self.replica.full_state()
         return {"kind": CHECKPOINT_KIND, "version": 1, "model": model_state,
                 "optimizer": opt_state, "schedule": self.schedule.state_dict(),
                 "epoch": self.epoch, "step": self.step, "global_step": self.global_step,
@@ -450,9 +369,9 @@ class Trainer:
         """
         self.wait_for_writer()
         self.check_finite()
-        if self.exchange is not None and self.global_step % self.exchange.every:
-            self.heartbeat.arrive()
-            self.exchange.impl.average(self.exchange.tensors())
+        exchange = self.replica.exchange
+        if exchange is not None and self.global_step % exchange.every:
+            self.replica.average_now()
         state = self.state_dict()
         if self.dist.is_main:  # the step loop pays for a host copy; a thread writes it to disk
             host = to_host(state)
@@ -480,8 +399,7 @@ class Trainer:
         if state is None:
             return
         self._check_compatible(state, path)
-        self.layout.load_full_state(self.model, self.optimizer, state["model"], state["optimizer"])
-        self._hyperparameters_from_config()
+        self.replica.load_full_state(state["model"], state["optimizer"])
         self.schedule.load_state_dict(state["schedule"])
         self.epoch, self.step = state["epoch"], self._resume_step(state, path)
         self.global_step = self.epoch * self.steps_per_epoch + self.step
@@ -499,14 +417,6 @@ class Trainer:
             self._adopt_lr(float(state["next_lr"]), path)
         print0(self.dist, f"resumed from {path}: epoch {self.epoch + 1}, step {self.step} "
                           f"(global step {self.global_step})")
-
-    def _hyperparameters_from_config(self) -> None:
-        """load_state_dict restores the checkpoint's momentum and weight decay; the config decides them
-        (as the schedule decides the lr), so that a changed setting is not silently ignored."""
-        fresh = build_optimizer(self.model, self.cfg.train).param_groups
-        for group, new in zip(self.optimizer.param_groups, fresh):
-            for key in ("momentum", "weight_decay", "nesterov", "lr_mult"):
-                group[key] = new[key]
 
     def _resume_state(self) -> tuple[dict | None, Path | None]:
         """(state, path) of what to resume from, loaded to the CPU, or (None, None) for a fresh run.
@@ -567,8 +477,7 @@ class Trainer:
         try:
             self.writer.wait(beat=self.heartbeat.beat)
         finally:
-            if self.exchange is not None:
-                self.exchange.close()
+            self.replica.close()
             self.loader.close()
             if self.log is not None:
                 self.log.close()

@@ -155,7 +155,7 @@ def test_ddp_gradients_stay_bucket_views_across_steps(tmp_path):
         torch.manual_seed(0)
         model = torch.nn.Sequential(torch.nn.Linear(5, 7), torch.nn.ReLU(), torch.nn.Linear(7, 3))
         info = DistInfo(0, 1, 0, 1, torch.device("cpu"), "gloo", dist.group.WORLD)
-        ddp = wrap_gradients(model, info, bucket_mb=25)
+        ddp = wrap_gradients(model, info, bucket_mb=25)  # no comm: no heartbeat, nothing counted
         opt = build_optimizer(model, TrainConfig(lr=0.1))
         x, y = torch.randn(4, 5), torch.randint(0, 3, (4,))
         no_autocast = lambda: torch.autocast("cpu", enabled=False)  # noqa: E731

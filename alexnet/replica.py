@@ -1,0 +1,253 @@
+"""One process's trainable part of the model, and how it keeps in step with the other processes.
+
+Where the process sits in the R x M mesh decides what it reads, how its loss is scaled, which model it
+holds and how that becomes the ordinary checkpoint. M = 1 is plain data parallelism (or one process).
+With M > 1 (alexnet/model_parallel.py):
+
+- ``fc``: every process reads its own images (the reader's shards are all W = R x M processes, model
+  groups consecutive: a model group reads what one replica with M times the batch would read);
+- ``columns``: both columns of a model group read the same images (the reader's shards are the R
+  model groups); only model rank 0 counts them in the metrics;
+- the loss of each process is 1/M of its rows' mean (see model_parallel's docstring);
+- a checkpoint holds the single-device state dict and optimizer state: rank 0 assembles them from
+  its model group, and every process takes its own part back on resume, whatever layout wrote it.
+
+Replicas (the processes holding the same part) then keep in step by averaging gradients (DDP for
+data parallelism alone; one flat all-reduce after backward for model-parallel layouts) or weights
+and momentum (the paper). Every byte that crosses a link is counted (:meth:`Replica.sent_bytes`).
+"""
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable
+
+import torch
+import torch.distributed as tdist
+import torch.nn.functional as F
+from torch import nn
+
+from layers import Comm
+
+from .config import Config, ConfigError
+from .distributed import DistInfo
+from .exchange import GradientAverage, WeightExchange, broadcast_from_first, wrap_gradients
+from .model_parallel import ShardedNet, build_sharded, parameter_bytes
+from .models import build_model
+from .optim import build_optimizer
+
+
+class Layout:
+    """This process's role in the mesh (see the module docstring): what it reads and how it counts."""
+
+    def __init__(self, cfg: Config, dist: DistInfo):
+        self.cfg, self.dist = cfg, dist
+        self.model_size, self.mode = dist.model_size, cfg.parallel.model
+        self.sharded = self.model_size > 1
+
+    @property
+    def reader_rank(self) -> int:
+        return self.dist.data_rank if self.sharded and self.mode == "columns" else self.dist.rank
+
+    @property
+    def reader_world(self) -> int:
+        return self.dist.replicas if self.sharded and self.mode == "columns" else self.dist.world
+
+    @property
+    def global_batch(self) -> int:
+        return self.cfg.train.batch_size * self.reader_world
+
+    @property
+    def loss_scale(self) -> float:
+        return 1.0 / self.model_size
+
+    @property
+    def counts_metrics(self) -> bool:
+        """Whether this process's rows are its own (not a copy of a column partner's)."""
+        return not (self.sharded and self.mode == "columns" and self.dist.model_rank)
+
+    @property
+    def keep_empty_batches(self) -> bool:
+        """fc: every member of a model group must take part in every step, even with no images."""
+        return self.sharded and self.mode == "fc"
+
+    def describe(self) -> str:
+        if not self.sharded:
+            return f"{self.dist.world} replica(s)"
+        return (f"{self.dist.replicas} replica(s) x model groups of {self.model_size} ({self.mode} model "
+                f"parallel), this process model rank {self.dist.model_rank} of replica {self.dist.data_rank}")
+
+    # -- the model ---------------------------------------------------------------------------------------
+
+    def build_model(self, num_classes: int, before_collective=None) -> nn.Module:
+        """This process's model (the whole one, or its part), initialised from train.seed."""
+        m = self.cfg.model
+        torch.manual_seed(self.cfg.train.seed)  # the same initial weights on every process
+        args = (m.arch, num_classes, m.width, m.dropout, self.cfg.data.crop, m.init, m.dropout_style)
+        if not self.sharded:
+            return build_model(*args)
+        peers = self.dist.model_peers
+        comm = Comm(peers.group, peers.rank, peers.size, before=before_collective)
+        return build_sharded(*args, self.mode, comm)
+
+    # -- checkpoints ---------------------------------------------------------------------------------------
+
+    def full_state(self, model: nn.Module, optimizer) -> tuple[dict, dict]:
+        """(model state dict, optimizer state dict) of the single-device model, complete on rank 0.
+
+        Every process calls this (a gather inside model group 0 when sharded); other ranks get their
+        own, partial, dicts back, which they do not use.
+        """
+        model_state, opt_state = model.state_dict(), optimizer.state_dict()
+        if not self.sharded or self.dist.data_rank:
+            return model_state, opt_state
+        names = _param_names(model, optimizer)
+        mine = ({k: v.detach().cpu() for k, v in model_state.items()},
+                {names[i]: s["velocity"].detach().cpu() for i, s in opt_state["state"].items()})
+        peers = self.dist.model_peers
+        pieces = [None] * peers.size if self.dist.is_main else None
+        tdist.gather_object(mine, pieces, dst=peers.ranks[0], group=peers.cpu_group)
+        if not self.dist.is_main:
+            return model_state, opt_state
+        velocities = model.assemble([p[1] for p in pieces])
+        opt_state["state"] = {i: {**s, "velocity": velocities[names[i]]} for i, s in opt_state["state"].items()}
+        return model.assemble([p[0] for p in pieces]), opt_state
+
+    def load_full_state(self, model: nn.Module, optimizer, model_state: dict, opt_state: dict) -> None:
+        """Load a single-device checkpoint's state into this process's model (its part of it)."""
+        if isinstance(model, ShardedNet):
+            names = _param_names(model, optimizer)
+            velocities = model.local_shard({names[i]: s["velocity"] for i, s in opt_state["state"].items()})
+            opt_state = {**opt_state, "state": {i: {**s, "velocity": velocities[names[i]]}
+                                                for i, s in opt_state["state"].items()}}
+            model_state = model.local_shard(model_state)
+        model.load_state_dict(model_state)
+        optimizer.load_state_dict(opt_state)  # moves the velocities to the parameters' device
+
+
+def _param_names(model: nn.Module, optimizer) -> list[str]:
+    """The parameter name of every index of the optimizer's state dict (its param_groups' order).
+
+    The single-device model and a ShardedNet have the same names in the same order, so the indices
+    of one are the indices of the other."""
+    name_of = {id(p): k for k, p in model.named_parameters()}
+    return [name_of[id(p)] for group in optimizer.param_groups for p in group["params"]]
+
+
+def sgd_step(forward, optimizer: torch.optim.Optimizer, x: torch.Tensor, y: torch.Tensor, autocast,
+             slices: int = 1, no_sync=None, keep_grads: bool = False, loss_scale: float = 1.0,
+             before_update=None) -> tuple[torch.Tensor, torch.Tensor]:
+    """One update from the batch (x, y); returns (mean loss, logits), detached, nothing synchronised.
+
+    `autocast` makes a fresh autocast context. With `slices` > 1 the batch runs as that many sequential
+    micro-batches whose gradients accumulate (each loss is its share of the batch mean), then one
+    update: the same step with less activation memory. `no_sync` (DistributedDataParallel's) keeps the
+    gradient all-reduce for the last micro-batch only. `keep_grads` zeroes the gradients instead of
+    dropping them: under DDP they are views of its all-reduce buckets, and a dropped gradient is
+    re-allocated by autograd and then copied into its bucket, every step. `loss_scale` multiplies the
+    loss that is differentiated (a model-parallel process's share), not the one returned;
+    `before_update` runs between the last backward pass and the update (gradient synchronisation).
+    """
+    n, losses, outputs = y.shape[0], [], []
+    for i, (xs, ys) in enumerate(zip(x.chunk(slices), y.chunk(slices))):
+        defer = no_sync is not None and i < slices - 1
+        with no_sync() if defer else contextlib.nullcontext():
+            with autocast():
+                logits = forward(xs)
+            loss = F.cross_entropy(logits.float(), ys, reduction="sum") / n
+            (loss * loss_scale if loss_scale != 1 else loss).backward()
+        losses.append(loss.detach())
+        outputs.append(logits.detach())
+    if before_update is not None:
+        before_update()
+    optimizer.step()
+    optimizer.zero_grad(set_to_none=not keep_grads)
+    if slices == 1:
+        return losses[0], outputs[0]
+    return torch.stack(losses).sum(), torch.cat(outputs)
+
+
+class Replica:
+    """This process's model, optimizer and synchronisation with its peers; `step` trains on one batch."""
+
+    def __init__(self, cfg: Config, dist: DistInfo, num_classes: int, arrive: Callable[[], None] | None = None):
+        self.cfg, self.dist, self.layout = cfg, dist, Layout(cfg, dist)
+        self.arrive = arrive or (lambda: None)  # called before every collective (the launcher's heartbeat)
+        try:
+            model = self.layout.build_model(num_classes, before_collective=self.arrive)
+        except ValueError as e:  # a layer that the model parallelism cannot split
+            raise ConfigError(str(e)) from None
+        model = model.to(dist.device)
+        self.model = model.to(memory_format=torch.channels_last) if cfg.train.channels_last else model
+        self.optimizer = build_optimizer(self.model, cfg.train)
+        self.ddp = dist.distributed and cfg.parallel.exchange == "gradients" and not self.layout.sharded
+        self.exchange: WeightExchange | None = None
+        self.grad_average: GradientAverage | None = None
+        self.comms: list[Comm] = [self.model.comm] if self.layout.sharded else []
+        forward = self._replicate()
+        self.forward = torch.compile(forward) if cfg.train.compile else forward
+
+    def _replicate(self) -> nn.Module:
+        """An identical start on every replica, then gradient or weight averaging; the forward module."""
+        model, p, peers = self.model, self.cfg.parallel, self.dist.data_peers
+        if not self.dist.distributed:
+            return model
+        self.arrive()
+        broadcast_from_first([t.data for t in model.parameters()], peers)
+        comm = Comm(peers.group, peers.rank, peers.size, before=self.arrive)
+        if p.exchange == "weights":
+            self.exchange = WeightExchange(model, self.optimizer, peers, self.dist.transport, p.exchange_every)
+        elif self.ddp:
+            self.comms.append(comm)
+            return wrap_gradients(model, self.dist, p.bucket_mb, comm)
+        elif peers.size > 1:
+            self.comms.append(comm)
+            self.grad_average = GradientAverage(list(model.parameters()), comm)
+        return model
+
+    def step(self, x: torch.Tensor, y: torch.Tensor, steps_done: int, autocast) -> tuple[torch.Tensor, torch.Tensor]:
+        """One update from (x, y), then the weights exchange if due; (mean loss, logits) as sgd_step."""
+        slices = self.cfg.train.slices
+        no_sync = getattr(self.forward, "no_sync", None) if slices > 1 else None
+        out = sgd_step(self.forward, self.optimizer, x, y, autocast, slices, no_sync, keep_grads=self.ddp,
+                       loss_scale=self.layout.loss_scale,
+                       before_update=self._before_update if self.layout.sharded else None)
+        if self.exchange is not None and steps_done % self.exchange.every == 0:
+            self.arrive()
+            self.exchange.after_step(steps_done)
+        return out
+
+    def _before_update(self) -> None:
+        """Model parallel: complete the replicated layers' gradients, then average with the replicas."""
+        self.model.sync_model_group()
+        if self.grad_average is not None:
+            self.grad_average()
+
+    def average_now(self) -> None:
+        """Weights mode between two exchanges: average, so a checkpoint holds every replica."""
+        if self.exchange is not None:
+            self.arrive()
+            self.exchange.average()
+
+    def sent_bytes(self) -> int:
+        """Bytes this process has put on links so far (activations, gradients, weights)."""
+        exchanged = self.exchange.sent[0] if self.exchange is not None else 0
+        return exchanged + sum(c.sent[0] for c in self.comms)
+
+    def parameter_bytes(self) -> int:
+        return parameter_bytes(self.model)
+
+    def full_state(self) -> tuple[dict, dict]:
+        return self.layout.full_state(self.model, self.optimizer)
+
+    def load_full_state(self, model_state: dict, opt_state: dict) -> None:
+        self.layout.load_full_state(self.model, self.optimizer, model_state, opt_state)
+        # load_state_dict restored the checkpoint's momentum and weight decay; the config decides them
+        # (as the schedule decides the lr), so that a changed setting is not silently ignored.
+        fresh = build_optimizer(self.model, self.cfg.train).param_groups
+        for group, new in zip(self.optimizer.param_groups, fresh):
+            for key in ("momentum", "weight_decay", "nesterov", "lr_mult"):
+                group[key] = new[key]
+
+    def close(self) -> None:
+        if self.exchange is not None:
+            self.exchange.close()

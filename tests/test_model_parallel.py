@@ -175,3 +175,20 @@ def test_dead_or_hung_member_of_a_model_group_ends_the_run(train_data, tmp_path,
     else:
         assert "replica rank 1 stopped making progress" in err, err[-2000:]
     assert _all_gone(everything), [p for p in everything if os.path.exists(f"/proc/{p}")]
+
+
+@pytest.mark.parametrize("name", ["2 model parallel (columns)", "2 data parallel", "2 fc parallel"])
+def test_benchmark_counts_match_the_cost_model(name):
+    """benchmark.py parallel's measured bytes per step == the formulas of its cost model (gloo variant)."""
+    import sys
+    import types
+
+    from tests.conftest import REPO
+    sys.path.insert(0, str(REPO / "scripts"))
+    import bench_parallel as bp
+    _, r, m, mode = next(layout for layout in bp.LAYOUTS if layout[0] == name)
+    args = types.SimpleNamespace(batch_size=8, width=0.125, precision="fp32", steps=1, warmup=1, repeat=1)
+    row = bp.measure(name, r, m, mode, args, ["cpu"] * 2)
+    expected = bp.bytes_per_step(bp.alexnet_shapes(0.125), 8, r, m, mode, nccl=False)
+    assert row["MB_sent_per_step"] == round(expected / 1e6, 2) and expected > 0
+    assert row["MB_params_per_process"] > 0 and row["ms_per_step"] > 0

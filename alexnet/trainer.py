@@ -467,7 +467,9 @@ class Trainer:
                               f"multiple of the global batch {self.global_batch} (replicas x batch changed); "
                               "resume with a global batch that divides it, or from an epoch checkpoint")
         step = samples // self.global_batch
-        if step >= self.steps_per_epoch:
+        # step == steps_per_epoch: stopped after the epoch's last step, before its validation and epoch
+        # checkpoint; resuming runs no batch of that epoch and goes straight to them.
+        if step > self.steps_per_epoch:
             raise ConfigError(f"{path} stopped at step {step} of an epoch, but an epoch now has "
                               f"{self.steps_per_epoch} steps (batch size or data changed)")
         return step

@@ -265,3 +265,17 @@ def test_resume_takes_momentum_and_decay_from_the_config(train_data, tmp_path):
                        "train.weight_decay=0.001"]) == 0
     groups = load(run / "checkpoints" / "last.pt")["optimizer"]["param_groups"]
     assert [(g["momentum"], g["weight_decay"]) for g in groups] == [(0.5, 0.001), (0.5, 0.0)]
+
+
+def test_stop_after_the_last_step_of_an_epoch_resumes(train_data, tmp_path):
+    """train.max_steps (or Ctrl-C) on an epoch's last step: the same command validates, then goes on exactly."""
+    straight, split = tmp_path / "straight", tmp_path / "split"
+    assert train.main(["configs/demo.yaml", *tiny_overrides(train_data, straight)]) == 0
+    args = tiny_overrides(train_data, split)
+    steps = load(straight / "checkpoints" / "epoch_001.pt")["global_step"]
+    assert train.main(["configs/demo.yaml", *args, f"train.max_steps={steps}"]) == 0
+    state = load(split / "checkpoints" / "last.pt")
+    assert (state["epoch"], state["step"]) == (0, steps)
+    assert train.main(["configs/demo.yaml", *args]) == 0
+    assert_same_weights(straight / "checkpoints" / "last.pt", split / "checkpoints" / "last.pt")
+    assert stable(read_metrics(straight / "metrics.jsonl")) == stable(read_metrics(split / "metrics.jsonl"))

@@ -1,10 +1,12 @@
 # Two commands set up a fresh machine without a GPU (see README.md):
 #   make demo   generate a small ImageNet-format tree, preprocess it, train, evaluate, plot
 #   make test   the CPU test suite (what CI runs)
+# On a GPU machine (torch preinstalled, nothing installed):
+#   make gpu-check   prove every GPU path in <= 10 minutes: report in gpu_check/gpu_check.md (and .json, logs/)
 PYTHON ?= python3
 DEMO   ?= demo
 
-.PHONY: setup demo test test-gpu lint clean-demo
+.PHONY: setup demo test test-gpu gpu-check lint clean-demo
 
 # The demo, the main job on generated data: 10 learnable classes, 100 train and 20 val images each,
 # plus the real set's file quirks (CMYK, grayscale, PNG named .JPEG, truncated, empty, stray files);
@@ -30,6 +32,12 @@ test: setup
 # On a GPU machine with torch preinstalled: no install step, GPU-marked tests included.
 test-gpu:
 	$(PYTHON) -m pytest -q -m gpu
+
+# Every GPU path, each step in its own process with a time limit (tests, SIGINT resume, replicas on one
+# and on two GPUs, torchrun, evaluation, speed options, benchmarks); exit 1 if a step failed.
+# No GPU: `$(PYTHON) scripts/gpu_check.py --device cpu --out DIR` runs the CPU twin (proves the script only).
+gpu-check:
+	$(PYTHON) scripts/gpu_check.py --out gpu_check
 
 lint:
 	ruff check .

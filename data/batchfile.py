@@ -2,8 +2,13 @@
 
 One file ``<out>/<split>/NNNNN.h5`` holds
 
-- ``images``: uint8, N x H x W x 3, RGB, chunked one image per chunk with HDF5's Fletcher-32 filter,
-  so every read verifies its bytes and a corrupted image is an error, not silent garbage;
+- ``images``: uint8, N x H x W x 3, RGB. Format 2 (written now): one contiguous, unfiltered dataset
+  (its data aligned to 4 KiB in the file), so a reader can fetch image r with one ``pread`` at
+  ``ds.id.get_offset() + r * H*W*3`` without going through HDF5 (see :mod:`data.fastread`).
+  Format 1 (older outputs, still read): chunked one image per chunk with HDF5's Fletcher-32 filter;
+- ``checksums`` (format 2): uint64, N: the xxh3_64 hash of each image's bytes (attribute
+  ``algorithm``), checked on every read, so a corrupted image is an error naming the file and the
+  image, not silent garbage. ``labels``, ``checksums`` and ``pixel_sum`` carry HDF5's Fletcher-32;
 - ``labels``: int64, N;
 - ``names``: UTF-8 strings, N: the source path relative to its split folder;
 - train files also ``pixel_sum``: uint32, H x W x 3, the exact per-pixel sum of the file's images
@@ -13,6 +18,7 @@ One file ``<out>/<split>/NNNNN.h5`` holds
 
 Files are written under a temporary name, fsynced, then renamed, so a reader never accepts a
 half-written file. A finished output has ``meta.json`` (written last); see :mod:`data.reader`.
+Format-1 folders are converted in place by ``scripts/upgrade_data.py`` (:mod:`data.upgrade`).
 """
 from __future__ import annotations
 
@@ -23,8 +29,16 @@ from pathlib import Path
 import h5py
 import numpy as np
 
-FORMAT_VERSION = 1
+from .xxh3 import xxh3_64
+
+FORMAT_VERSION = 2
+READABLE_VERSIONS = (1, 2)
 BATCH_FILE_SUFFIX = ".h5"
+CHECKSUM = "xxh3_64"
+UPGRADE_COMMAND = "python scripts/upgrade_data.py"
+# Image data starts on a 4 KiB boundary: with 256x256x3 images (48 pages each) every image is
+# page-aligned, which O_DIRECT readers need and page-cache reads like.
+_ALIGN = {"alignment_threshold": 64 * 1024, "alignment_interval": 4096}
 
 
 class BatchFileError(OSError):
@@ -59,26 +73,45 @@ def atomic_write_json(path: str | os.PathLike, obj) -> None:
     atomic_write_bytes(path, (json.dumps(obj, indent=1) + "\n").encode())
 
 
+def image_checksum(image) -> int:
+    """xxh3_64 of one image's bytes (C-contiguous array or buffer); ~5 us for 256x256x3 in cache."""
+    return xxh3_64(image)
+
+
+def image_checksums(images: np.ndarray) -> np.ndarray:
+    return np.fromiter((image_checksum(im) for im in images), np.uint64, len(images))
+
+
 def write_batch_file(path: str | os.PathLike, images: np.ndarray, labels: np.ndarray, names: list[str],
                      *, split: str, index: int, skipped: list[dict] | None = None,
-                     pixel_sum: np.ndarray | None = None) -> None:
-    """Write one batch file atomically (temporary name, fsync, rename)."""
+                     pixel_sum: np.ndarray | None = None, version: int = FORMAT_VERSION) -> None:
+    """Write one batch file atomically (temporary name, fsync, rename); `version` 1 only for tests/tools."""
     path = Path(path)
     n = len(images)
     if images.dtype != np.uint8 or images.ndim != 4 or images.shape[3] != 3:
         raise ValueError(f"{path}: images must be uint8 N x H x W x 3, got {images.dtype} {images.shape}")
     if len(labels) != n or len(names) != n:
         raise ValueError(f"{path}: {n} images but {len(labels)} labels and {len(names)} names")
+    if version not in READABLE_VERSIONS:
+        raise ValueError(f"{path}: cannot write format_version {version}")
+    images = np.ascontiguousarray(images)
     tmp = temp_path(path)
-    with h5py.File(tmp, "w") as f:
-        chunks = (1,) + images.shape[1:] if n else None
-        f.create_dataset("images", data=images, chunks=chunks, fletcher32=bool(n))
-        f.create_dataset("labels", data=np.asarray(labels, dtype=np.int64))
+    with h5py.File(tmp, "w", **(_ALIGN if version >= 2 else {})) as f:
+        # Fletcher-32 on the small datasets: read once per file, so its cost does not matter.
+        small = {"chunks": True, "fletcher32": True} if n and version >= 2 else {}
+        if version == 1:
+            f.create_dataset("images", data=images, chunks=(1,) + images.shape[1:] if n else None,
+                             fletcher32=bool(n))
+        else:
+            f.create_dataset("images", data=images)  # contiguous, unfiltered: read with pread
+            f.create_dataset("checksums", data=image_checksums(images), **small)
+            f["checksums"].attrs["algorithm"] = CHECKSUM
+        f.create_dataset("labels", data=np.asarray(labels, dtype=np.int64), **small)
         f.create_dataset("names", data=np.array(names, dtype=object), dtype=h5py.string_dtype())
         if pixel_sum is not None:
             f.create_dataset("pixel_sum", data=pixel_sum.astype(np.uint32), compression="gzip",
-                             compression_opts=1)
-        f.attrs.update(format_version=FORMAT_VERSION, split=split, index=index, count=n,
+                             compression_opts=1, fletcher32=version >= 2)
+        f.attrs.update(format_version=version, split=split, index=index, count=n,
                        image_size=images.shape[1], skipped=json.dumps(skipped or []))
     with open(tmp, "rb+") as fh:
         os.fsync(fh.fileno())
@@ -87,7 +120,7 @@ def write_batch_file(path: str | os.PathLike, images: np.ndarray, labels: np.nda
 
 def open_batch_file(path: str | os.PathLike, expect_count: int | None = None,
                     expect_size: int | None = None) -> h5py.File:
-    """Open a batch file for reading and check its structure; BatchFileError names the file."""
+    """Open a batch file (either format) for reading and check its structure; BatchFileError names the file."""
     path = Path(path)
     if not path.is_file():
         raise BatchFileError(path, "batch file is missing")
@@ -103,13 +136,19 @@ def open_batch_file(path: str | os.PathLike, expect_count: int | None = None,
     return f
 
 
+def file_version(f: h5py.File) -> int:
+    """format_version of an open batch file (checked by open_batch_file)."""
+    return int(f.attrs["format_version"])
+
+
 def _check_structure(f: h5py.File, path: Path, expect_count: int | None, expect_size: int | None) -> None:
     for key in ("images", "labels", "names"):
         if key not in f:
             raise BatchFileError(path, f"dataset {key!r} is missing (not a batch file?)")
     version = f.attrs.get("format_version")
-    if version != FORMAT_VERSION:
-        raise BatchFileError(path, f"format_version {version}, this code reads {FORMAT_VERSION}")
+    if version not in READABLE_VERSIONS:
+        raise BatchFileError(path, f"format_version {version}, this code reads "
+                                   f"{' and '.join(map(str, READABLE_VERSIONS))}")
     images, n = f["images"], f["images"].shape[0]
     if images.dtype != np.uint8 or images.ndim != 4 or images.shape[3] != 3:
         raise BatchFileError(path, f"images are {images.dtype} {images.shape}, expected uint8 N x H x W x 3")
@@ -120,15 +159,87 @@ def _check_structure(f: h5py.File, path: Path, expect_count: int | None, expect_
     if expect_size is not None and images.shape[1:3] != (expect_size, expect_size):
         raise BatchFileError(path, f"images are {images.shape[1]}x{images.shape[2]}, meta.json says "
                                    f"{expect_size}x{expect_size}")
+    if version >= 2:
+        _check_v2(f, path, n)
+
+
+def _check_v2(f: h5py.File, path: Path, n: int) -> None:
+    """Format 2: per-image checksums, and images stored where a pread can find them."""
+    if "checksums" not in f:
+        raise BatchFileError(path, "dataset 'checksums' is missing (format_version 2 needs it)")
+    sums = f["checksums"]
+    if sums.shape != (n,) or sums.dtype != np.uint64:
+        raise BatchFileError(path, f"checksums are {sums.dtype} {sums.shape}, expected uint64 ({n},)")
+    algorithm = sums.attrs.get("algorithm")
+    algorithm = algorithm.decode() if isinstance(algorithm, bytes) else algorithm
+    if algorithm != CHECKSUM:
+        raise BatchFileError(path, f"checksums algorithm {algorithm!r}, this code checks {CHECKSUM!r}")
+    plist = f["images"].id.get_create_plist()
+    if plist.get_layout() != h5py.h5d.CONTIGUOUS or plist.get_nfilters() or plist.get_external_count():
+        raise BatchFileError(path, "images are not one contiguous unfiltered dataset (format_version 2 needs it)")
+
+
+def decode_names(raw) -> list[str]:
+    return [s.decode() if isinstance(s, bytes) else s for s in raw]
+
+
+def image_name(path: str | os.PathLike, row: int) -> str:
+    """The source name of image `row` of a batch file, for error messages ('?' if unreadable)."""
+    try:
+        with h5py.File(path, "r") as f:
+            return decode_names([f["names"][row]])[0]
+    except (OSError, KeyError, IndexError, ValueError):
+        return "?"
+
+
+def checksum_error(path: str | os.PathLike, row: int, stored: int, got: int) -> BatchFileError:
+    """The error for an image whose bytes do not hash to its stored checksum; names file, row, source."""
+    return BatchFileError(path, f"image {row} ({image_name(path, row)}) fails its {CHECKSUM} checksum "
+                                f"(stored {stored:016x}, read {got:016x}): the file is corrupt; delete it "
+                                "and re-run the same scripts/preprocess.py command to rewrite it")
+
+
+def verify_images(path: str | os.PathLike, images: np.ndarray, rows, checksums: np.ndarray) -> None:
+    """Check images (rows `rows` of the file at `path`) against their stored checksums."""
+    for image, row, stored in zip(images, rows, checksums):
+        got = image_checksum(image)
+        if got != int(stored):
+            raise checksum_error(path, int(row), int(stored), got)
+
+
+def find_bad_chunk(path: str | os.PathLike, ds: h5py.Dataset) -> BatchFileError | None:
+    """Format 1: after a failed read, the first image whose Fletcher-32 check fails, as an error."""
+    buf = np.empty(ds.shape[1:], ds.dtype)
+    for row in range(ds.shape[0]):
+        try:
+            ds.read_direct(buf, np.s_[row])
+        except OSError:
+            return BatchFileError(path, f"image {row} ({image_name(path, row)}) fails its Fletcher-32 checksum: "
+                                        "the file is corrupt; delete it and re-run the same "
+                                        "scripts/preprocess.py command to rewrite it")
+    return None
+
+
+def _read_images(f: h5py.File, path: Path) -> np.ndarray:
+    """All images of an open file, every image's checksum verified (either format)."""
+    ds = f["images"]
+    try:
+        images = ds[...]
+    except OSError as e:
+        raise find_bad_chunk(path, ds) or BatchFileError(path, f"corrupt batch file, read failed ({e})") from None
+    if file_version(f) >= 2:
+        verify_images(path, images, range(len(images)), f["checksums"][...])
+    return images
 
 
 def read_batch_file(path: str | os.PathLike) -> tuple[np.ndarray, np.ndarray, list[str]]:
     """The whole content of one batch file: images, labels, names (every image's checksum verified)."""
+    path = Path(path)
     with open_batch_file(path) as f:
+        images = _read_images(f, path)
         try:
-            images = f["images"][...]
             labels = f["labels"][...]
-            names = [s.decode() if isinstance(s, bytes) else s for s in f["names"][...]]
+            names = decode_names(f["names"][...])
         except OSError as e:
             raise BatchFileError(path, f"corrupt batch file, read failed ({e})") from None
     return images, labels, names
@@ -139,6 +250,10 @@ def read_file_attrs(path: str | os.PathLike) -> dict:
     with open_batch_file(path) as f:
         out = {k: f.attrs[k] for k in ("split", "index", "count", "image_size")}
         out["count"], out["index"], out["image_size"] = int(out["count"]), int(out["index"]), int(out["image_size"])
+        out["format_version"] = file_version(f)
         out["skipped"] = json.loads(f.attrs["skipped"])
-        out["pixel_sum"] = f["pixel_sum"][...] if "pixel_sum" in f else None
+        try:
+            out["pixel_sum"] = f["pixel_sum"][...] if "pixel_sum" in f else None
+        except OSError as e:
+            raise BatchFileError(path, f"pixel_sum is corrupt ({e})") from None
     return out

@@ -148,7 +148,10 @@ def _check_plan(out: Path, record: dict) -> None:
         atomic_write_json(path, record)
         return
     old = json.loads(path.read_text())
-    diffs = [f"{k}: {old.get(k)!r} there, {v!r} now" for k, v in record.items() if k != "splits" and old.get(k) != v]
+    # Not format_version: readers take both formats, even mixed in one folder, so a run started by an
+    # older version may be finished by this one (scripts/upgrade_data.py converts the old files).
+    diffs = [f"{k}: {old.get(k)!r} there, {v!r} now" for k, v in record.items()
+             if k not in ("splits", "format_version") and old.get(k) != v]
     for split in sorted(set(old.get("splits", {})) | set(record["splits"])):
         was, now = old.get("splits", {}).get(split), record["splits"].get(split)
         if was is None or now is None:
@@ -162,14 +165,14 @@ def _check_plan(out: Path, record: dict) -> None:
 
 
 @contextmanager
-def _exclusive(out: Path):
-    """One writer per output folder: a second concurrent run would corrupt the first."""
+def exclusive(out: Path):
+    """One writer per output folder (preprocess or upgrade): a second concurrent run would corrupt the first."""
     import fcntl
     with open(out / ".lock", "w") as lock:
         try:
             fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
-            raise DataError(f"another preprocess run is writing to {out}") from None
+            raise DataError(f"another preprocess or upgrade run is writing to {out}") from None
         yield
 
 
@@ -223,11 +226,12 @@ def _run_pool(todo: list[Task], workers: int, quiet: bool) -> None:
 def _finalize(out: Path, classes: list[str], opts: Options, splits: dict[str, Split], tasks: list[Task],
               run_info: dict) -> dict:
     """meta.json, mean.npy and report.json from the finished files (the files are the truth)."""
-    meta_splits, skipped, total_sum, n_train = {}, [], None, 0
+    meta_splits, skipped, total_sum, n_train, versions = {}, [], None, 0, {FORMAT_VERSION}
     for name in splits:
         files = []
         for path in (Path(t.dst) for t in tasks if t.split == name):
             attrs = read_file_attrs(path)
+            versions.add(attrs["format_version"])
             files.append({"name": path.name, "count": attrs["count"]})
             skipped.extend(attrs["skipped"])
             if name == "train":
@@ -247,7 +251,8 @@ def _finalize(out: Path, classes: list[str], opts: Options, splits: dict[str, Sp
               for k, s in splits.items()}
     atomic_write_json(out / "report.json", {"counts": counts, "skipped": skipped, "ignored": ignored,
                                             "last_run": run_info})
-    meta = {"format_version": FORMAT_VERSION, "classes": classes, "num_classes": len(classes),
+    # The oldest format present: what the reader's upgrade notice and scripts/upgrade_data.py go by.
+    meta = {"format_version": min(versions), "classes": classes, "num_classes": len(classes),
             "image_size": opts.size, "resize": opts.resize, "per_file": opts.per_file, "seed": opts.seed,
             "splits": meta_splits, "mean": "mean.npy"}
     atomic_write_json(out / "meta.json", meta)
@@ -264,7 +269,7 @@ def preprocess(train_dir, out, val_dir=None, val_labels=None, opts: Options = Op
     classes, splits = _scan(train_dir, val_dir, val_labels)
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
-    with _exclusive(out):
+    with exclusive(out):
         _check_plan(out, _plan_record(opts, classes, splits))
         tasks = _tasks(out, opts, splits)
         todo = [t for t in tasks if not _is_done(Path(t.dst))]

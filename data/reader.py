@@ -16,15 +16,28 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 from collections import OrderedDict
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import h5py
 import numpy as np
 
-from .batchfile import FORMAT_VERSION, BatchFileError, open_batch_file
+from .batchfile import (
+    FORMAT_VERSION,
+    READABLE_VERSIONS,
+    UPGRADE_COMMAND,
+    BatchFileError,
+    file_version,
+    find_bad_chunk,
+    open_batch_file,
+)
+from .fastread import BufferPool, Layout, PreadFile, ReadPlan, default_threads, file_ident, read_layout
 from .layouts import DataError
+
+_noticed: set[str] = set()  # roots whose format-1 notice this process printed
 
 
 def load_meta(root: str | os.PathLike) -> dict:
@@ -40,19 +53,30 @@ def load_meta(root: str | os.PathLike) -> dict:
         meta = json.loads(path.read_text())
     except json.JSONDecodeError as e:
         raise DataError(f"{path}: not valid JSON ({e})") from None
-    if meta.get("format_version") != FORMAT_VERSION:
-        raise DataError(f"{path}: format_version {meta.get('format_version')}, this code reads {FORMAT_VERSION}")
+    if meta.get("format_version") not in READABLE_VERSIONS:
+        raise DataError(f"{path}: format_version {meta.get('format_version')}, this code reads "
+                        f"{' and '.join(map(str, READABLE_VERSIONS))}")
     return meta
+
+
+def _old_format_notice(root: Path, version: int) -> None:
+    if str(root) not in _noticed:
+        _noticed.add(str(root))
+        print(f"note: {root} holds format-{version} batch files (HDF5 Fletcher-32 chunks, read 5-8x slower); "
+              f"`{UPGRADE_COMMAND} {root}` converts them in place to format {FORMAT_VERSION} "
+              "(resumable; the data can stay in use)", file=sys.stderr)
 
 
 class SplitData:
     """One split of a preprocessed folder, indexable by global image index (file order, row order).
 
-    File handles are opened lazily and per process (a handle must not cross a fork), at most
-    `max_open` at a time.
+    Format-2 files are read with one pread per image and a checksum check (:mod:`data.fastread`), on
+    `threads` threads (default: :func:`data.fastread.default_threads`); format-1 files through h5py.
+    Both can be mixed (a folder being upgraded in place). File handles are opened lazily and per
+    process (a handle must not cross a fork), at most `max_open` kept between reads.
     """
 
-    def __init__(self, root: str | os.PathLike, split: str, max_open: int = 64):
+    def __init__(self, root: str | os.PathLike, split: str, max_open: int = 64, threads: int | None = None):
         self.root = Path(root)
         self.split = split
         self.meta = load_meta(root)
@@ -64,8 +88,18 @@ class SplitData:
         self.offsets = np.concatenate([[0], np.cumsum(self.counts)])
         self.image_size = int(self.meta["image_size"])
         self.num_classes = int(self.meta["num_classes"])
+        self.threads = default_threads() if threads is None else max(1, int(threads))
         self._max_open = max_open
-        self._open: OrderedDict[int, h5py.File] = OrderedDict()
+        self._reset()
+        if self.meta["format_version"] < FORMAT_VERSION:
+            _old_format_notice(self.root, self.meta["format_version"])
+
+    def _reset(self) -> None:
+        """Per-process state: open handles, format-2 layouts (small, kept for every file), threads."""
+        self._open: OrderedDict[int, h5py.File | PreadFile] = OrderedDict()
+        self._layouts: dict[int, Layout] = {}
+        self._pool: ThreadPoolExecutor | None = None
+        self._buffers = BufferPool()
         self._pid = os.getpid()
 
     def __len__(self) -> int:
@@ -73,7 +107,7 @@ class SplitData:
 
     def __getstate__(self) -> dict:
         state = self.__dict__.copy()
-        state["_open"] = OrderedDict()
+        state.update(_open=OrderedDict(), _layouts={}, _pool=None, _buffers=BufferPool())
         return state
 
     def mean_image(self) -> np.ndarray:
@@ -87,45 +121,124 @@ class SplitData:
             raise DataError(f"{path}: shape {mean.shape}, expected {(self.image_size, self.image_size, 3)}")
         return mean.astype(np.float32)
 
-    def _file(self, i: int) -> h5py.File:
-        if self._pid != os.getpid():  # forked: the parent's handles are not ours
-            self._open, self._pid = OrderedDict(), os.getpid()
-        f = self._open.get(i)
-        if f is None:
-            f = open_batch_file(self.paths[i], int(self.counts[i]), self.image_size)
-            self._open[i] = f
-            if len(self._open) > self._max_open:
-                self._open.popitem(last=False)[1].close()
+    def _check_process(self) -> None:
+        if self._pid != os.getpid():  # forked: the parent's handles and threads are not ours
+            for handle in self._open.values():
+                if isinstance(handle, PreadFile):
+                    handle.close()  # our copy of the descriptor; the parent's stays open
+            self._reset()
+
+    def _file(self, i: int) -> h5py.File | PreadFile:
+        handle = self._open.get(i)
+        if handle is None:
+            handle = self._open[i] = self._open_file(i)
         else:
             self._open.move_to_end(i)
-        return f
+        return handle
+
+    def _open_file(self, i: int) -> h5py.File | PreadFile:
+        """A format-2 file as a descriptor + layout (the layout re-read only if the file changed); else h5py."""
+        path = self.paths[i]
+        for _ in range(3):  # a file replaced between our two opens (an upgrade in place): open it again
+            try:
+                fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+            except FileNotFoundError:
+                raise BatchFileError(path, "batch file is missing") from None
+            try:
+                handle = self._handle(i, fd)
+            except BaseException:
+                os.close(fd)
+                raise
+            if isinstance(handle, PreadFile):
+                return handle
+            os.close(fd)
+            if handle is not None:
+                return handle
+        raise BatchFileError(path, "keeps being replaced while it is opened")
+
+    def _handle(self, i: int, fd: int) -> h5py.File | PreadFile | None:
+        """The handle of file `i` whose descriptor is `fd`; None if the name now points elsewhere."""
+        path, ident = self.paths[i], file_ident(os.fstat(fd))
+        layout = self._layouts.get(i)
+        if layout is not None and layout.ident == ident:
+            return PreadFile(path, fd, layout)
+        f = open_batch_file(path, int(self.counts[i]), self.image_size)
+        if file_version(f) == 1:
+            return f
+        with f:
+            if file_ident(os.stat(path)) != ident:
+                return None
+            layout = self._layouts[i] = read_layout(f, path, ident)
+        return PreadFile(path, fd, layout)
+
+    def _trim(self) -> None:
+        """Close the least recently used handles beyond max_open (after a read, never during one)."""
+        while len(self._open) > self._max_open:
+            self._open.popitem(last=False)[1].close()
 
     def close(self) -> None:
-        for f in self._open.values():
-            f.close()
+        self._check_process()
+        for handle in self._open.values():
+            handle.close()
         self._open.clear()
+        if self._pool is not None:
+            self._pool.shutdown(wait=True)
+            self._pool = None
+
+    def _thread_pool(self) -> ThreadPoolExecutor | None:
+        if self.threads > 1 and self._pool is None:
+            # The calling thread reads one span itself, so threads - 1 helpers.
+            self._pool = ThreadPoolExecutor(self.threads - 1, thread_name_prefix="batch-read")
+        return self._pool
 
     def read(self, indices: np.ndarray, out: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
-        """Images (uint8 N x H x W x 3) and labels (int64 N) at global `indices`, in that order."""
+        """Images (uint8 N x H x W x 3) and labels (int64 N) at global `indices`, in that order.
+
+        Every image's checksum is verified; a corrupt one raises BatchFileError naming the file, the
+        image's row and its source name. Without `out`, the array comes from a small pool of buffers
+        that are reused only once nothing refers to them any more (see fastread.BufferPool).
+        """
         indices = np.asarray(indices, dtype=np.int64)
         if len(indices) and (indices.min() < 0 or indices.max() >= len(self)):
             raise IndexError(f"index out of range 0..{len(self) - 1} of {self.root / self.split}")
+        self._check_process()
         s = self.image_size
-        images = out[:len(indices)] if out is not None else np.empty((len(indices), s, s, 3), np.uint8)
+        images = out[:len(indices)] if out is not None else self._buffers.take((len(indices), s, s, 3))
         labels = np.empty(len(indices), np.int64)
         file_of = np.searchsorted(self.offsets, indices, side="right") - 1
-        for fi in np.unique(file_of):
-            where = np.nonzero(file_of == fi)[0]
-            rows = indices[where] - self.offsets[fi]
-            self._read_rows(int(fi), rows, where, images, labels)
+        plan = ReadPlan()
+        try:
+            for fi in np.unique(file_of).tolist():
+                where = np.nonzero(file_of == fi)[0]
+                rows = indices[where] - self.offsets[fi]
+                handle = self._file(fi)
+                if isinstance(handle, PreadFile):
+                    labels[where] = handle.layout.labels[rows]
+                    plan.add(handle, rows, where)
+                else:
+                    self._read_rows_v1(fi, handle, rows, where, images, labels)
+            self._read_planned(plan, images)
+        finally:
+            self._trim()
         return images, labels
 
-    def _read_rows(self, fi: int, rows: np.ndarray, where: np.ndarray, images: np.ndarray,
-                   labels: np.ndarray) -> None:
-        """Rows `rows` of file `fi` into positions `where` of `images` and `labels`."""
+    def _read_planned(self, plan: ReadPlan, images: np.ndarray) -> None:
+        if not len(plan):
+            return
+        if images.flags.c_contiguous:
+            plan.run(images, self.threads, self._thread_pool())
+            return
+        staged = np.empty(images.shape, np.uint8)  # a strided `out`: read whole images, then copy
+        plan.run(staged, self.threads, self._thread_pool())
+        for _, _, where in plan.parts:
+            images[where] = staged[where]
+
+    def _read_rows_v1(self, fi: int, f: h5py.File, rows: np.ndarray, where: np.ndarray, images: np.ndarray,
+                      labels: np.ndarray) -> None:
+        """Format 1: rows `rows` of file `fi` into positions `where`, through h5py (Fletcher-32 checked)."""
         order = np.argsort(rows, kind="stable")
         rows, where = rows[order], where[order]
-        ds = self._file(fi)["images"]
+        ds = f["images"]
         try:
             lo, hi = int(rows[0]), int(rows[-1]) + 1
             if hi - lo == len(rows) and np.all(np.diff(where) == 1):  # one run, in order: read in place
@@ -135,9 +248,10 @@ class SplitData:
             else:
                 for r, w in zip(rows.tolist(), where.tolist()):
                     ds.read_direct(images, np.s_[r], np.s_[w])
-            labels[where] = self._file(fi)["labels"][...][rows]
+            labels[where] = f["labels"][...][rows]
         except OSError as e:
-            raise BatchFileError(self.paths[fi], f"corrupt batch file, read failed ({e})") from None
+            raise find_bad_chunk(self.paths[fi], ds) or BatchFileError(
+                self.paths[fi], f"corrupt batch file, read failed ({e})") from None
 
 
 def epoch_order(counts: np.ndarray, epoch: int, seed: int, shuffle: bool, window: int) -> np.ndarray:

@@ -1,0 +1,186 @@
+"""Convert a preprocessed folder's batch files to the current format, in place, one file at a time.
+
+    python scripts/upgrade_data.py imagenet256
+
+Each format-1 file is read whole (every image's Fletcher-32 checksum verified), written as format 2
+under a temporary name, fsynced and renamed over the old file: at every moment each file is complete
+in one format or the other, and the reader takes both, so the folder stays usable (even by a running
+training) while it is converted. An interrupted run (Ctrl-C, kill -9, a full disk) is resumed by the
+same command: converted files are skipped, stale temporary files removed. Files that cannot be
+converted (missing, truncated, an image failing its checksum) are listed with the reason at the end
+and left as they are; meta.json's format_version is updated last, to the oldest format left.
+"""
+from __future__ import annotations
+
+import argparse
+import concurrent.futures as cf
+import json
+import multiprocessing as mp
+import os
+import signal
+import sys
+import time
+from pathlib import Path
+
+from .batchfile import (
+    FORMAT_VERSION,
+    UPGRADE_COMMAND,
+    BatchFileError,
+    atomic_write_json,
+    read_batch_file,
+    read_file_attrs,
+    write_batch_file,
+)
+from .layouts import DataError
+from .preprocess import SPLITS, exclusive
+from .procs import die_with_parent
+
+
+def batch_files(root: Path) -> list[Path]:
+    """The batch files of a folder: those meta.json lists (missing ones included), else those present."""
+    meta_path = root / "meta.json"
+    if meta_path.is_file():
+        try:
+            meta = json.loads(meta_path.read_text())
+        except json.JSONDecodeError as e:
+            raise DataError(f"{meta_path}: not valid JSON ({e})") from None
+        return [root / split / f["name"] for split, s in meta["splits"].items() for f in s["files"]]
+    # An unfinished preprocessing output: convert what is there; preprocess writes the rest.
+    return sorted(p for split in SPLITS for p in (root / split).glob("[0-9]*.h5"))
+
+
+def convert_file(path: Path, version: int = FORMAT_VERSION) -> bool:
+    """Rewrite one file in format `version` (atomically); False if it already was in it.
+
+    Any version the reader takes can be written, so tests (and anyone going back to older code) can
+    also make format-1 files.
+    """
+    attrs = read_file_attrs(path)
+    if attrs["format_version"] == version:
+        return False
+    images, labels, names = read_batch_file(path)  # verifies every image: never convert a corrupt one
+    write_batch_file(path, images, labels, names, split=attrs["split"], index=attrs["index"],
+                     skipped=attrs["skipped"], pixel_sum=attrs["pixel_sum"], version=version)
+    return True
+
+
+def _remove_stale_temps(root: Path) -> None:
+    for split in SPLITS:
+        for stale in (root / split).glob(".*.tmp"):
+            stale.unlink()  # a half-written file of an interrupted run (we hold the folder's lock)
+
+
+def _finish_meta(root: Path, versions: list[int]) -> None:
+    """meta.json's format_version: the oldest format left (the reader's upgrade notice goes by it)."""
+    path = root / "meta.json"
+    if path.is_file() and versions:
+        meta = json.loads(path.read_text())
+        if meta.get("format_version") != min(versions):
+            meta["format_version"] = min(versions)
+            atomic_write_json(path, meta)
+
+
+def _convert_task(path: str) -> tuple[int, int, str | None]:
+    """(converted?, images, problem) for one file; a bad file is a finding, not a crash."""
+    try:
+        converted = convert_file(Path(path))
+        return int(converted), read_file_attrs(path)["count"] if converted else 0, None
+    except BatchFileError as e:
+        return 0, 0, str(e)
+
+
+def _init_worker() -> None:
+    die_with_parent()
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent stops the pool; files in flight finish
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+
+
+def _convert_all(files: list[Path], workers: int, quiet: bool) -> list[tuple[int, int, str | None]]:
+    """_convert_task of every file, in `workers` processes (in this one if 1), with a progress bar."""
+    from tqdm import tqdm
+    bar = tqdm(total=len(files), unit="file", desc="upgrade", disable=quiet)
+    if workers <= 1:
+        results = []
+        for path in files:
+            results.append(_convert_task(str(path)))
+            bar.update()
+        bar.close()
+        return results
+    ctx = mp.get_context("fork" if sys.platform.startswith("linux") else "spawn")
+    with cf.ProcessPoolExecutor(workers, mp_context=ctx, initializer=_init_worker) as pool:
+        futures = [pool.submit(_convert_task, str(path)) for path in files]
+        try:
+            for fut in cf.as_completed(futures):
+                fut.result()  # re-raises a worker's error (disk full, ...) or BrokenProcessPool
+                bar.update()
+        except BaseException:
+            for fut in futures:
+                fut.cancel()
+            raise
+        finally:
+            bar.close()
+        return [fut.result() for fut in futures]
+
+
+def upgrade(root: str | Path, quiet: bool = False, workers: int = 1) -> dict:
+    """Convert every old-format batch file of `root`; returns counts, the problems and images/s."""
+    root = Path(root)
+    if not root.is_dir():
+        raise DataError(f"{root} does not exist (give a folder written by scripts/preprocess.py)")
+    with exclusive(root):
+        _remove_stale_temps(root)
+        files = batch_files(root)
+        if not files:
+            raise DataError(f"{root} holds no batch files (no meta.json and no */NNNNN.h5)")
+        start = time.perf_counter()
+        results = _convert_all(files, max(1, min(workers, len(files))), quiet)
+        seconds = time.perf_counter() - start
+        problems = [{"path": str(path), "reason": why} for path, (_, _, why) in zip(files, results) if why]
+        _finish_meta(root, [_version_or_old(path) if why else FORMAT_VERSION
+                            for path, (_, _, why) in zip(files, results)])
+    converted, images = sum(r[0] for r in results), sum(r[1] for r in results)
+    return {"files": len(files), "converted": converted, "already": len(files) - converted - len(problems),
+            "problems": problems, "images": images, "seconds": round(seconds, 3),
+            "images_per_s": round(images / seconds, 1) if images and seconds > 0 else None}
+
+
+def _version_or_old(path: Path) -> int:
+    try:
+        return read_file_attrs(path)["format_version"]
+    except BatchFileError:
+        return 1  # unreadable: counts as not converted
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="upgrade_data.py", description=__doc__.splitlines()[0],
+                                epilog="Re-run the same command to resume an interrupted run.")
+    p.add_argument("root", help="a folder written by scripts/preprocess.py")
+    p.add_argument("--workers", type=int, default=None,
+                   help="processes converting files in parallel (default: all cores)")
+    p.add_argument("--quiet", action="store_true", help="no progress bar")
+    args = p.parse_args(argv)
+    signal.signal(signal.SIGTERM, signal.default_int_handler)  # stop like Ctrl-C: converted files stay
+    try:
+        result = upgrade(args.root, args.quiet, args.workers or len(os.sched_getaffinity(0)))
+    except DataError as e:
+        print(f"upgrade: error: {e}", file=sys.stderr)
+        return 2
+    except cf.process.BrokenProcessPool:
+        print(f"upgrade: error: a worker process died (killed or out of memory); converted files are kept: "
+              f"re-run `{UPGRADE_COMMAND} {args.root}` to finish", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print(f"upgrade: interrupted; converted files are kept: re-run `{UPGRADE_COMMAND} {args.root}` to "
+              "finish", file=sys.stderr)
+        return 130
+    rate = f" ({result['images_per_s']} images/s)" if result["images_per_s"] else ""
+    print(f"{args.root}: {result['converted']} files converted to format {FORMAT_VERSION}{rate}, "
+          f"{result['already']} already were, {len(result['problems'])} could not be converted")
+    if result["problems"]:
+        for prob in result["problems"]:
+            print(f"  {prob['reason']}", file=sys.stderr)
+        print("upgrade: restore these files from a copy, or delete them and re-run scripts/preprocess.py with "
+              f"the original arguments (it rewrites missing files), then run `{UPGRADE_COMMAND} {args.root}` "
+              "again", file=sys.stderr)
+        return 1
+    return 0

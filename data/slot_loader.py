@@ -207,6 +207,7 @@ class SlotLoader:
     def _death(self) -> str:
         if self.mode == "thread":
             return f"the {self.name} ended unexpectedly"
+        self.worker.join(5)  # its pipe may close before the process is reaped: wait for the exit code
         code = self.worker.exitcode
         how = f"was killed by signal {-code}" if code is not None and code < 0 else f"exited with code {code}"
         return f"the {self.name} {how}"
@@ -228,11 +229,18 @@ class SlotLoader:
             raise LoaderError(f"the {self.name} failed:\n{msg[1]}")
         return msg
 
+    def _send(self, msg: tuple) -> None:
+        """A message to the loader; a loader that is gone is a LoaderError naming it, not a BrokenPipe."""
+        try:
+            self.conn.send(msg)
+        except OSError:
+            raise LoaderError(f"{self._death()} (while sending it {msg[0]!r})") from None
+
     def batches(self, split: str, epoch: int, start: int = 0) -> Iterator[Batch]:
         """Batches of `split` from step `start`; the loader works ahead into free slots."""
         self.job += 1
         job, held, finished = self.job, None, False
-        self.conn.send(("job", split, epoch, start, job))
+        self._send(("job", split, epoch, start, job))
         stream = torch.cuda.current_stream(self.device) if self.device.type == "cuda" else None
         try:
             while True:
@@ -242,7 +250,7 @@ class SlotLoader:
                     return
                 _, slot, step, n, _ = msg
                 if n == 0 and not self.spec.keep_empty:
-                    self.conn.send(("free", slot))
+                    self._send(("free", slot))
                     continue
                 if stream is not None and n:  # nothing was written, so no ready event was recorded
                     stream.wait_event(self.ready_events[slot])
@@ -257,7 +265,7 @@ class SlotLoader:
     def _give_back(self, slot: int, stream) -> None:
         if stream is not None:
             self.free_events[slot].record(stream)
-        self.conn.send(("free", slot))
+        self._send(("free", slot))
 
     def _abandon(self, job: int, held: int | None, stream) -> None:
         """Stop a job early: return every slot and wait for its end, so the next job starts clean."""

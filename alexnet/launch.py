@@ -22,10 +22,13 @@ import socket
 import struct
 import subprocess
 import sys
+import threading
 import time
 
 ENV_HEARTBEAT = "ALEXNET_HEARTBEAT_FD"
-_RECORD = struct.Struct("<iq")  # rank, collectives entered
+_RECORD = struct.Struct("<iqb")  # rank, collectives entered, kind
+_PROGRESS, _ALIVE = 0, 1
+LIVE_EVERY = 1.0  # seconds between a replica's "alive" records
 
 
 def free_port() -> int:
@@ -38,12 +41,16 @@ class Heartbeat:
     """Replica side: small non-blocking writes; nothing at all if not started by the launcher.
 
     Every replica enters the same collectives in the same order, so the count of collectives entered
-    is comparable across replicas: the one with the lowest count is where the others wait.
+    is comparable across replicas: the one with the lowest count is where the others wait. A thread
+    also says "alive" every LIVE_EVERY seconds: when every replica entered the same collective, the
+    one that went silent (stopped, or hung holding the interpreter) is the one the others wait for.
     """
 
     def __init__(self, rank: int):
         fd = os.environ.get(ENV_HEARTBEAT)
         self.fd, self.rank, self.count = (int(fd) if fd else None), rank, 0
+        if self.fd is not None:
+            threading.Thread(target=self._live, name="heartbeat", daemon=True).start()
 
     def arrive(self) -> None:
         """Call right before a collective operation."""
@@ -51,11 +58,19 @@ class Heartbeat:
         self.beat()
 
     def beat(self) -> None:
-        """Still alive (e.g. during a long validation), without entering a collective."""
+        """Still making progress (e.g. during a long validation), without entering a collective."""
+        self._send(_PROGRESS)
+
+    def _send(self, kind: int) -> None:
         if self.fd is None:
             return
         with contextlib.suppress(OSError):  # launcher gone or pipe full: the heartbeat is best effort
-            os.write(self.fd, _RECORD.pack(self.rank, self.count))
+            os.write(self.fd, _RECORD.pack(self.rank, self.count, kind))
+
+    def _live(self) -> None:
+        while True:
+            time.sleep(LIVE_EVERY)
+            self._send(_ALIVE)
 
 
 def _how(code: int) -> str:
@@ -88,6 +103,7 @@ class Launcher:
         self.counts = [0] * replicas
         self.beaten = [False] * replicas
         self.progress_at = time.monotonic()
+        self.seen_at = [time.monotonic()] * replicas  # the last record of any kind, per rank
 
     def _forward(self, signum, frame) -> None:
         for p in self.procs:
@@ -100,11 +116,13 @@ class Launcher:
             return
         data = os.read(self.read_fd, _RECORD.size * 1024)
         for i in range(0, len(data) - len(data) % _RECORD.size, _RECORD.size):
-            rank, count = _RECORD.unpack_from(data, i)
+            rank, count, kind = _RECORD.unpack_from(data, i)
             if 0 <= rank < len(self.counts):
                 self.counts[rank] = max(self.counts[rank], count)
-                self.beaten[rank] = True
-                self.progress_at = time.monotonic()
+                self.seen_at[rank] = time.monotonic()
+                if kind == _PROGRESS:
+                    self.beaten[rank] = True
+                    self.progress_at = time.monotonic()
 
     def _culprit(self, failed: int) -> str:
         """Who to blame: a rank that fell behind the others, else the one that failed."""
@@ -115,6 +133,13 @@ class Launcher:
             return (f"replica rank {', '.join(map(str, laggards))} stopped making progress (it never reached "
                     f"collective operation {behind + 1}, where the others waited); replica rank {failed} then "
                     "gave up waiting")
+        now = time.monotonic()
+        silent = [r for r, seen in enumerate(self.seen_at) if r != failed and now - seen > 3 * LIVE_EVERY]
+        if silent:
+            quiet = now - max(self.seen_at[r] for r in silent)
+            return (f"replica rank {', '.join(map(str, silent))} stopped making progress (no sign of life for "
+                    f"{quiet:.0f} s: stopped, or hung; the others waited in collective operation {behind}); "
+                    f"replica rank {failed} then gave up waiting")
         return ""
 
     def _stop_all(self) -> None:

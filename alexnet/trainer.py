@@ -198,7 +198,7 @@ class Trainer:
         """Train (or resume) to train.epochs; returns the last validation metrics (or {})."""
         try:
             self.resume()
-            self.barrier(self.cfg.run.checkpoint_timeout)  # replicas load at different speeds
+            self.barrier(self.cfg.parallel.timeout)  # replicas load at different speeds
             print0(self.dist, self.describe())
             if self.epoch >= self.cfg.train.epochs:
                 print0(self.dist, f"run {self.cfg.run.dir} already finished {self.epoch} epochs")

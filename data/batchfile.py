@@ -103,7 +103,7 @@ def write_batch_file(path: str | os.PathLike, images: np.ndarray, labels: np.nda
             f.create_dataset("images", data=images, chunks=(1,) + images.shape[1:] if n else None,
                              fletcher32=bool(n))
         else:
-            f.create_dataset("images", data=images)  # contiguous, unfiltered: read with pread
+            _write_contiguous(f, "images", images)  # contiguous, unfiltered: read with pread
             f.create_dataset("checksums", data=image_checksums(images), **small)
             f["checksums"].attrs["algorithm"] = CHECKSUM
         f.create_dataset("labels", data=np.asarray(labels, dtype=np.int64), **small)
@@ -116,6 +116,26 @@ def write_batch_file(path: str | os.PathLike, images: np.ndarray, labels: np.nda
     with open(tmp, "rb+") as fh:
         os.fsync(fh.fileno())
     os.replace(tmp, path)
+
+
+_WRITE_PIECE = 1 << 20  # bytes per write() of image data
+
+
+def _write_contiguous(f: h5py.File, name: str, data: np.ndarray) -> None:
+    """A contiguous dataset, allocated at creation and never pre-filled, written in pieces of <= 1 MB.
+
+    Why pieces: once dirty pages pile up, the kernel throttles large single writes. On the 2-core VM,
+    300 images (59 MB) took 160-260 ms written at once or in 4 MB pieces, 17-26 ms in 1 MB or per-image
+    pieces (format 1's chunks were per image, hence its speed).
+    """
+    dcpl = h5py.h5p.create(h5py.h5p.DATASET_CREATE)
+    dcpl.set_alloc_time(h5py.h5d.ALLOC_TIME_EARLY)
+    dcpl.set_fill_time(h5py.h5d.FILL_TIME_NEVER)
+    dataset = h5py.Dataset(h5py.h5d.create(f.id, name.encode(), h5py.h5t.STD_U8LE,
+                                           h5py.h5s.create_simple(data.shape), dcpl=dcpl))
+    step = max(1, _WRITE_PIECE // max(1, data[0].nbytes if len(data) else 1))
+    for lo in range(0, len(data), step):
+        dataset[lo:lo + step] = data[lo:lo + step]
 
 
 def open_batch_file(path: str | os.PathLike, expect_count: int | None = None,

@@ -99,11 +99,36 @@ def bench_preprocess(args) -> dict:
             info = preprocess(src / "train", out, opts=Options(), workers=w, quiet=True)
             rows.append({"what": "preprocess pipeline", "workers": w,
                          "img_per_s": info["counts"]["train"]["written"] / _last_seconds(out)})
+        rows += _format_rows(src / "train", files[:300], Path(tmp))
     for r in rows:
         r["img_per_s_per_worker"] = round(r["img_per_s"] / r["workers"], 1)
         r["img_per_s"] = round(r["img_per_s"], 1)
     return {"benchmark": "preprocess", "images": len(files), "cpu_count": len(os.sched_getaffinity(0)),
             "draft_speedup": round(rows[0]["img_per_s"] / rows[1]["img_per_s"], 2), "rows": rows}
+
+
+def _format_rows(src: Path, files: list[str], tmp: Path, repeat: int = 4) -> list[dict]:
+    """One batch file's whole task (decode, resize, checksums, write, fsync) writing format 1 and format
+    2 in turn (the order alternating), in this process: what the file format costs preprocessing (best
+    of `repeat`; fsync times vary a lot on shared disks)."""
+    from functools import partial
+
+    import data.preprocess as pp
+    from data.batchfile import write_batch_file
+    from data.layouts import Item
+    items = tuple(Item(str(Path(f).relative_to(src)), 0) for f in files)
+    best = {1: 0.0, 2: 0.0}
+    try:
+        for r in range(repeat):
+            for version in (1, 2) if r % 2 == 0 else (2, 1):
+                pp.write_batch_file = partial(write_batch_file, version=version)
+                task = pp.Task("train", 0, items, str(src), str(tmp / f"format{version}.h5"), 256, "short")
+                start = time.perf_counter()
+                best[version] = max(best[version], pp.process_task(task) / (time.perf_counter() - start))
+    finally:
+        pp.write_batch_file = write_batch_file
+    return [{"what": f"one batch-file task writing format {v}", "workers": 1, "img_per_s": rate}
+            for v, rate in best.items()]
 
 
 def _timed_steps(step, steps: int, device, repeat: int, warmup: int = 0) -> float:

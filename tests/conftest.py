@@ -50,6 +50,15 @@ def train_data(synth, tmp_path_factory) -> Path:
     return out
 
 
+def load_script(name: str):
+    """A scripts/<name>.py as a module, to call its main() in-process (fast error-path tests)."""
+    import importlib.util
+    spec = importlib.util.spec_from_file_location(f"_script_{name}", REPO / "scripts" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
 def tiny_overrides(data_root: Path, run_dir: Path, **extra) -> list[str]:
     """Dotted overrides for a seconds-long alexnet run on `train_data`."""
     base = {"data.root": str(data_root), "data.crop": 67, "model.width": 0.125, "model.init": "torch",

@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import csv
-import importlib.util
 import json
 import re
 import sys
@@ -27,7 +26,7 @@ from alexnet.models import build_model
 from data.augment import Normalizer
 from data.batchfile import read_batch_file
 from data.reader import SplitData
-from tests.conftest import REPO, run_script
+from tests.conftest import load_script, run_script
 
 CROP = 56  # of the 64x64 test images: corners and center are all different views
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
@@ -75,14 +74,6 @@ def split_contents(root, split: str = "val") -> tuple[np.ndarray, np.ndarray, li
     parts = [read_batch_file(p) for p in SplitData(root, split).paths]
     return (np.concatenate([p[0] for p in parts]), np.concatenate([p[1] for p in parts]),
             [n for p in parts for n in p[2]])
-
-
-def load_script(name: str):
-    """A scripts/<name>.py as a module, to call its main() in-process (fast error-path tests)."""
-    spec = importlib.util.spec_from_file_location(f"_script_{name}", REPO / "scripts" / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 @pytest.fixture(scope="module")

@@ -116,3 +116,29 @@ def test_first_batches_wait_for_the_slot_allocation(train_data, mode):
     assert [g[0] for g in got] == [w[0] for w in want]
     for (_, wx, wy), (_, gx, gy) in zip(want, got):
         assert torch.equal(wy, gy) and torch.equal(wx, gx)
+
+
+# -- resume and determinism on CUDA (items 1 and 3) ------------------------------------------------------
+
+def test_cuda_resume_after_a_stop_equals_uninterrupted(train_data, tmp_path):
+    """A stop mid-epoch and the same command again, on the GPU: it resumes (the RNG states loaded to the
+    CPU, as torch requires) and ends where the uninterrupted run ends, within cuDNN's tolerance."""
+    over = {**DETERMINISTIC, "run.device": "cuda", "model.dropout": 0.5}
+    straight, split = tmp_path / "straight", tmp_path / "split"
+    assert train.main(["configs/demo.yaml", *tiny_overrides(train_data, straight, **over)]) == 0
+    args = ["configs/demo.yaml", *tiny_overrides(train_data, split, **over)]
+    assert train.main([*args, "train.max_steps=4"]) == 0
+    assert train.main(args) == 0
+    assert rel_diff(split, straight) <= 1e-4
+
+
+def test_deterministic_cuda_training_repeats_bitwise(train_data, tmp_path):
+    runs = []
+    for name in ("a", "b"):
+        run = tmp_path / name
+        r = run_script("train.py", "configs/demo.yaml", *tiny_overrides(train_data, run, **{
+            **DETERMINISTIC, "run.device": "cuda", "model.dropout": 0.5, "train.deterministic": True}), timeout=600)
+        assert r.returncode == 0, r.stderr[-3000:]
+        runs.append(run)
+    from tests.test_train import assert_same_weights
+    assert_same_weights(runs[0] / "checkpoints" / "last.pt", runs[1] / "checkpoints" / "last.pt")

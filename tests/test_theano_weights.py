@@ -9,7 +9,6 @@ on a dozen synthetic images warped to 256, so every test takes seconds.
 from __future__ import annotations
 
 import csv
-import importlib.util
 import json
 import math
 import shutil
@@ -27,7 +26,8 @@ from alexnet.models import build_model
 from alexnet.optim import PaperSGD, build_optimizer
 from alexnet.trainer import CHECKPOINT_KIND
 from data.reader import SplitData
-from tests.conftest import REPO, run_script
+from tests.conftest import load_script, run_script
+from tests.test_evaluate import Payload
 
 CLASSES, EPOCH, LR = 6, 3, 0.05
 C1, C2, C3, C4, C5, HIDDEN = 12, 32, 48, 48, 32, 512  # caffenet at width 0.125 (half of each even)
@@ -144,13 +144,6 @@ def reference(params: dict, images: np.ndarray, mean_hwc: np.ndarray, true_conv:
 
 
 # -- fixtures and helpers -------------------------------------------------------------------------------
-
-
-def load_script(name: str):
-    spec = importlib.util.spec_from_file_location(f"_script_{name}", REPO / "scripts" / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 @pytest.fixture(scope="module")
@@ -468,16 +461,6 @@ def test_train_py_continues_at_the_next_epoch(data256, folder, convert, tmp_path
 
 
 # -- bad input -------------------------------------------------------------------------------------------------
-
-
-class Payload:
-    """Unpickling this would create `marker`."""
-
-    def __init__(self, marker):
-        self.marker = str(marker)
-
-    def __reduce__(self):
-        return (open, (self.marker, "w"))
 
 
 def _missing(root):

@@ -70,6 +70,13 @@ class Layout:
         """fc: every member of a model group must take part in every step, even with no images."""
         return self.sharded and self.mode == "fc"
 
+    @property
+    def batch_unit(self) -> str:
+        """What train.batch_size counts the images of."""
+        if not self.sharded:
+            return "per replica"
+        return "per model group" if self.mode == "columns" else "per process"
+
     def describe(self) -> str:
         if not self.sharded:
             return f"{self.dist.world} replica(s)"
@@ -191,6 +198,8 @@ class Replica:
         model, p, peers = self.model, self.cfg.parallel, self.dist.data_peers
         if not self.dist.distributed:
             return model
+        if peers.size == 1:  # one model group and no replica of it: nothing to keep in step
+            return model
         self.arrive()
         broadcast_from_first([t.data for t in model.parameters()], peers)
         comm = Comm(peers.group, peers.rank, peers.size, before=self.arrive)
@@ -199,7 +208,7 @@ class Replica:
         elif self.ddp:
             self.comms.append(comm)
             return wrap_gradients(model, self.dist, p.bucket_mb, comm)
-        elif peers.size > 1:
+        else:
             self.comms.append(comm)
             self.grad_average = GradientAverage(list(model.parameters()), comm)
         return model

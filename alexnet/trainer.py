@@ -170,7 +170,7 @@ class Trainer:
     def describe(self) -> str:
         """The resolved setup, printed at start: replicas, global batch, lr, steps, loading, exchange."""
         t, p = self.cfg.train, self.cfg.parallel
-        batch = f"global batch {self.global_batch} ({t.batch_size} per replica"
+        batch = f"global batch {self.global_batch} ({t.batch_size} {self.layout.batch_unit}"
         batch += f", {t.slices} slices)" if t.slices > 1 else ")"
         lr = f"lr {self.schedule.target_lr():g}"
         if self.lr_scale() != 1:
@@ -180,7 +180,7 @@ class Trainer:
             lr += f", now {now:g}"
         parts = [f"{self.layout.describe()}, this one on {self.device}", batch, lr,
                  f"{self.steps_per_epoch} steps per epoch", f"loading {self.cfg.data.loading}"]
-        if self.dist.distributed:
+        if self.dist.distributed and self.dist.data_peers.size > 1:
             every = "" if p.exchange == "gradients" else (
                 " every step" if p.exchange_every == 1 else f" every {p.exchange_every} steps")
             parts.append(f"exchange {p.exchange} via {self.dist.transport}{every}")

@@ -124,7 +124,9 @@ def gpu_id(device: torch.device) -> str | None:
     uuid = getattr(props, "uuid", None)
     if uuid is not None:
         return f"GPU-{uuid}"
-    return f"pci-{getattr(props, 'pci_domain_id', 0)}:{props.pci_bus_id}:{props.pci_device_id}"
+    if hasattr(props, "pci_bus_id"):
+        return f"pci-{getattr(props, 'pci_domain_id', 0)}:{props.pci_bus_id}:{getattr(props, 'pci_device_id', 0)}"
+    return f"{machine_id()}/cuda:{device.index}"  # an old torch that tells neither: the index, as a last resort
 
 
 @dataclass(frozen=True)

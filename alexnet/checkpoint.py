@@ -75,6 +75,28 @@ def load(path: str | os.PathLike, map_location: str | torch.device = "cpu") -> d
     return obj
 
 
+def compare_checkpoints(a: str | os.PathLike, b: str | os.PathLike) -> dict:
+    """Two training checkpoints' weights and velocities: {"weights", "velocities"}: the max over tensors
+    of ||a - b|| / ||b|| (in float64), and "bitwise": whether every tensor is equal.
+
+    A velocity is a small difference of large terms, so its relative difference shows the weights'
+    float noise magnified. ValueError if the two hold different tensors.
+    """
+    def tensors(path) -> dict:
+        state = load(path)
+        return {**{("weights", k): v for k, v in state["model"].items()},
+                **{("velocities", k): v["velocity"] for k, v in state["optimizer"]["state"].items()}}
+    ta, tb = tensors(a), tensors(b)
+    if ta.keys() != tb.keys() or not ta:
+        raise ValueError(f"{a} and {b} hold different tensors ({len(ta)} and {len(tb)})")
+    out = {"weights": 0.0, "velocities": 0.0}
+    for key, want in tb.items():
+        want = want.double()
+        rel = float((ta[key].double() - want).norm() / want.norm().clamp_min(1e-12))
+        out[key[0]] = max(out[key[0]], rel)
+    return {**out, "bitwise": all(ta[k].equal(tb[k]) for k in tb)}
+
+
 class CheckpointDir:
     """``<run.dir>/checkpoints``: last.pt, best.pt, epoch_NNN.pt (the newest `keep_last` kept)."""
 

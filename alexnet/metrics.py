@@ -91,6 +91,14 @@ def _tensorboard_writer(log_dir: Path):
     return SummaryWriter(str(log_dir))
 
 
+WALL_CLOCK = ("time", "img_per_s")  # the only fields two runs of the same training may differ in
+
+
+def without_wall_clock(records: list[dict]) -> list[dict]:
+    """The records without their wall-clock fields: what must repeat exactly (resume, loading modes)."""
+    return [{k: v for k, v in r.items() if k not in WALL_CLOCK} for r in records]
+
+
 def read_metrics(path: str | os.PathLike) -> list[dict]:
     """All records of a metrics.jsonl."""
     return [json.loads(line) for line in Path(path).read_text().splitlines() if line.strip()]

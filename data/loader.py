@@ -71,6 +71,16 @@ class Stager:
             self.copied = [torch.cuda.Event() for _ in range(2)]
             self.turn = 0
 
+    def host_images(self, n: int) -> np.ndarray | None:
+        """The pinned buffer the next upload will send, free to be read into (None on the CPU).
+
+        Reading a batch straight into it saves one host copy of the whole batch; upload() notices.
+        """
+        if not self.cuda:
+            return None
+        self.copied[self.turn].synchronize()
+        return self.images[self.turn][:n].numpy()
+
     def upload(self, images: np.ndarray, labels: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
         """uint8 images and int64 labels on the device (asynchronous on the current stream for CUDA)."""
         if not self.cuda:
@@ -78,7 +88,8 @@ class Stager:
         n, j = len(labels), self.turn
         self.copied[j].synchronize()
         host_x, host_y = self.images[j][:n], self.labels[j][:n]
-        host_x.numpy()[...] = images
+        if images.ctypes.data != host_x.data_ptr():  # not read in place (host_images): copy it over
+            host_x.numpy()[...] = images
         host_y.numpy()[...] = labels
         x = host_x.to(self.device, non_blocking=True)
         y = host_y.to(self.device, non_blocking=True)
@@ -130,7 +141,8 @@ class BatchMaker:
         """Host side: uint8 images, labels and epoch positions of this replica's share of `step`."""
         reader = self.readers[split]
         positions = reader.positions(step)
-        images, labels = reader.data.read(reader.order(epoch)[positions])
+        pinned = self.stager.host_images(len(positions))
+        images, labels = reader.data.read(reader.order(epoch)[positions], out=pinned)
         return images, labels, positions
 
     def to_device(self, split: str, epoch: int, images: np.ndarray, labels: np.ndarray, positions: np.ndarray,

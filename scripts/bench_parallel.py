@@ -133,7 +133,6 @@ class Shapes:
 
 def alexnet_shapes(width: float = 1.0, classes: int = 1000) -> Shapes:
     import torch
-    from torch import nn
 
     from alexnet.models import build_model
     with torch.device("meta"):
@@ -141,7 +140,7 @@ def alexnet_shapes(width: float = 1.0, classes: int = 1000) -> Shapes:
     convs = [p.numel() for k, p in m.named_parameters() if k.startswith("features")]
     fc6 = m.classifier.fc6
     return Shapes(sum(p.numel() for p in m.parameters()), sum(convs), (55, 27), m.features.conv2.out_channels,
-                  fc6.in_features, fc6.out_features, classes) if isinstance(fc6, nn.Linear) else None
+                  fc6.in_features, fc6.out_features, classes)
 
 
 def bytes_per_step(s: Shapes, global_batch: int, replicas: int, model_size: int, mode: str,

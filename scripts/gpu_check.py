@@ -40,6 +40,7 @@ logs/<step>/<command>.log (each command's output). Exit codes: 0 nothing failed 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib.util
 import json
 import math
@@ -67,7 +68,6 @@ INTERRUPTED = "interrupted (Ctrl-C); the steps after it did not run"
 HANG_TIMEOUT = 8.0      # the time limit of a step given --inject-failure STEP:hang
 STEP_MARGIN = 4.0       # a step's commands stop this much before the runner kills the step
 POLL = 0.02             # seconds between looks at metrics.jsonl while waiting to interrupt
-VOLATILE = ("time", "img_per_s")  # wall-clock fields: the only ones allowed to differ between runs
 DIST_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT",
              "GROUP_RANK", "ROLE_RANK", "TORCHELASTIC_RUN_ID")
 
@@ -181,10 +181,8 @@ def kill_tree(pid: int) -> None:
         found.append(p)
         todo += child_pids(p)
     for p in found:
-        try:
+        with contextlib.suppress(ProcessLookupError):  # it may have exited since it was found
             os.kill(p, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
 
 
 def tail(text: str, lines: int = 15) -> str:
@@ -280,40 +278,29 @@ def train_cmd(ctx: Ctx, run_dir: Path, extra: dict | None = None, launcher: list
 
 
 def records(run_dir: Path) -> list[dict]:
+    from alexnet.metrics import read_metrics
     path = run_dir / "metrics.jsonl"
-    return [json.loads(s) for s in path.read_text().splitlines() if s.strip()] if path.exists() else []
+    return read_metrics(path) if path.exists() else []
 
 
 def stable(recs: list[dict]) -> list[dict]:
-    return [{k: v for k, v in r.items() if k not in VOLATILE} for r in recs]
+    from alexnet.metrics import without_wall_clock
+    return without_wall_clock(recs)
 
 
 def positions(recs: list[dict]) -> list[tuple]:
     return [(r["split"], r["epoch"], r["iter"]) for r in recs]
 
 
-def _tensors(run_dir: Path) -> dict:
-    """The weights and velocities of run_dir's last checkpoint, by name."""
-    from alexnet.checkpoint import load
-    state = load(run_dir / "checkpoints" / "last.pt")
-    velocities = {f"velocity.{k}": v["velocity"] for k, v in state["optimizer"]["state"].items()}
-    return {**{f"weight.{k}": v for k, v in state["model"].items()}, **velocities}
-
-
 def compare_weights(a: Path, b: Path) -> dict:
-    """Two runs' last checkpoints: the max over tensors of ||a - b|| / ||b||, for the weights and for the
-    velocities, and whether all are bitwise equal.
-
-    The tolerance applies to the weights: a velocity is a small difference of large terms, so its
-    relative difference shows the same float noise magnified.
-    """
-    ta, tb = _tensors(a), _tensors(b)
-    if ta.keys() != tb.keys() or not ta:
-        raise StepFailed(f"{a} and {b} hold different tensors ({len(ta)} and {len(tb)})")
-    rel = {k: float((ta[k].double() - tb[k].double()).norm() / tb[k].double().norm().clamp_min(1e-12)) for k in tb}
-    return {"rel_diff": max(v for k, v in rel.items() if k.startswith("weight.")),
-            "rel_diff_velocities": max((v for k, v in rel.items() if k.startswith("velocity.")), default=0.0),
-            "bitwise": all(ta[k].equal(tb[k]) for k in tb)}
+    """Two runs' last checkpoints: rel_diff (weights: the tolerance applies to them), rel_diff_velocities
+    and bitwise (alexnet.checkpoint.compare_checkpoints)."""
+    from alexnet.checkpoint import compare_checkpoints
+    try:
+        c = compare_checkpoints(a / "checkpoints" / "last.pt", b / "checkpoints" / "last.pt")
+    except ValueError as e:
+        raise StepFailed(str(e)) from None
+    return {"rel_diff": c["weights"], "rel_diff_velocities": c["velocities"], "bitwise": c["bitwise"]}
 
 
 def checkpoint_position(run_dir: Path) -> dict:

@@ -14,14 +14,10 @@ import yaml
 
 import train
 from alexnet.checkpoint import load
-from alexnet.metrics import read_metrics
+from alexnet.metrics import read_metrics, without_wall_clock
 from tests.conftest import REPO, run_script, tiny_overrides
 
-VOLATILE = ("time", "img_per_s")  # wall-clock fields: the only ones allowed to differ between runs
-
-
-def stable(records: list[dict]) -> list[dict]:
-    return [{k: v for k, v in r.items() if k not in VOLATILE} for r in records]
+stable = without_wall_clock  # the records two runs of the same training must agree on
 
 
 def assert_same_weights(a: Path, b: Path) -> None:

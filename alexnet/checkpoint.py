@@ -15,6 +15,7 @@ from pathlib import Path
 
 import torch
 
+CHECKPOINT_KIND = "alexnet-checkpoint"  # the "kind" key of a training checkpoint
 EPOCH_FILE = re.compile(r"^epoch_(\d+)\.pt$")
 
 

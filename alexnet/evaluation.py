@@ -33,7 +33,7 @@ from data.batchfile import open_batch_file
 from data.reader import BatchReader, SplitData
 
 from .metrics import topk_correct
-from .trainer import autocast_for
+from .precision import autocast_for
 from .weight_formats import crop_for_side, load_weights
 
 PRECISIONS = ("fp32", "tf32", "bf16")

@@ -7,9 +7,7 @@ position), so they need no state at all.
 """
 from __future__ import annotations
 
-import contextlib
 import math
-import os
 import signal
 import sys
 import time
@@ -26,15 +24,15 @@ from data.loader import InlineLoader, LoaderSpec
 from data.reader import load_meta
 from data.slot_loader import SlotLoader
 
-from .checkpoint import BackgroundWriter, CheckpointDir, CheckpointError, load, to_host
+from .checkpoint import CHECKPOINT_KIND, BackgroundWriter, CheckpointDir, CheckpointError, load, to_host
 from .config import Config, ConfigError, to_dict
 from .distributed import DistInfo, print0, slow_barrier
 from .launch import Heartbeat
 from .metrics import Meter, MetricsLog
 from .optim import LRSchedule
-from .replica import Layout, Replica, sgd_step  # noqa: F401  (sgd_step: the update, used by benchmarks)
+from .precision import autocast_for, configure_backends
+from .replica import Layout, Replica
 
-CHECKPOINT_KIND = "alexnet-checkpoint"
 _NO_BAD_STEP = 2**62
 # Keys a checkpoint and the current config must agree on to resume (the model's shape and the data).
 RESUME_KEYS = (("model", "arch"), ("model", "width"), ("model", "num_classes"), ("model", "dropout_style"),
@@ -93,30 +91,6 @@ def set_rng_state(state: dict, device: torch.device) -> None:
     torch.set_rng_state(state["cpu"].cpu())
     if device.type == "cuda" and "cuda" in state:
         torch.cuda.set_rng_state(state["cuda"].cpu(), device)
-
-
-def configure_backends(precision: str, device: torch.device, deterministic: bool = False) -> None:
-    """tf32 matmuls/convolutions only for precision tf32; cuDNN autotuning on GPUs unless deterministic.
-
-    Deterministic: torch's deterministic algorithms (an op without one raises instead of running),
-    cuDNN without autotuning (it may pick other algorithms from run to run), cuBLAS with a fixed
-    workspace (its documented requirement), and the fixed-order pooling and LRN of layers/.
-    """
-    tf32 = precision == "tf32"
-    torch.backends.cuda.matmul.allow_tf32 = tf32
-    torch.backends.cudnn.allow_tf32 = tf32
-    if deterministic:
-        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
-    torch.use_deterministic_algorithms(deterministic)
-    torch.backends.cudnn.deterministic = deterministic
-    torch.backends.cudnn.benchmark = device.type == "cuda" and not deterministic
-
-
-def autocast_for(precision: str, device: torch.device):
-    """bf16 autocast for precision bf16; fp32 and tf32 run without autocast."""
-    if precision == "bf16":
-        return torch.autocast(device.type, dtype=torch.bfloat16)
-    return contextlib.nullcontext()
 
 
 def resolve_num_classes(cfg: Config, meta: dict) -> int:

@@ -52,11 +52,10 @@ import numpy as np
 import torch
 from torch import nn
 
-from .checkpoint import _fsync_dir, load
+from .checkpoint import CHECKPOINT_KIND, _fsync_dir, load
 from .config import Config, TrainConfig, from_dict, to_dict
 from .models import ARCHS, build_model, feature_side, min_crop
 from .optim import LRSchedule, build_optimizer, param_groups
-from .trainer import CHECKPOINT_KIND
 
 WEIGHTS_KIND = "alexnet-weights"
 FORMATS = ("checkpoint", "weights", "torchvision", "state_dict", "theano")

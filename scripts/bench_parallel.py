@@ -52,8 +52,8 @@ def _worker(rank: int, world: int, port: int, spec: dict, out: str) -> None:
 
     from alexnet.config import Config, apply
     from alexnet.distributed import setup, teardown
+    from alexnet.precision import autocast_for, configure_backends
     from alexnet.replica import Replica
-    from alexnet.trainer import autocast_for, configure_backends
     os.environ.update(RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank), LOCAL_WORLD_SIZE=str(world),
                       MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     cfg = Config()

@@ -159,7 +159,8 @@ def trainer_step(arch: str, width: float, crop: int, precision: str, channels_la
     from alexnet.config import TrainConfig
     from alexnet.models import build_model
     from alexnet.optim import build_optimizer
-    from alexnet.trainer import autocast_for, configure_backends, sgd_step
+    from alexnet.precision import autocast_for, configure_backends
+    from alexnet.replica import sgd_step
     torch.manual_seed(0)
     configure_backends(precision, device)
     fmt = torch.channels_last if channels_last else torch.contiguous_format
@@ -541,7 +542,7 @@ def _ddp_rows(model, info, args, crop: int, timed) -> list[dict]:
     from alexnet.config import TrainConfig
     from alexnet.exchange import wrap_gradients
     from alexnet.optim import build_optimizer
-    from alexnet.trainer import sgd_step
+    from alexnet.replica import sgd_step
     ddp = wrap_gradients(model, info, 25.0)
     opt = build_optimizer(model, TrainConfig())
     x = torch.randn(args.batch_size, 3, crop, crop, device=info.device)

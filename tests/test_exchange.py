@@ -13,7 +13,7 @@ from alexnet.distributed import DistInfo, Peers
 from alexnet.exchange import WeightExchange, broadcast_from_first
 from alexnet.launch import free_port
 from alexnet.optim import build_optimizer
-from alexnet.trainer import sgd_step
+from alexnet.replica import sgd_step
 
 
 def _replica(rank: int, world: int, port: int, transport: str, every: int, steps: int, out: str) -> None:

@@ -19,12 +19,11 @@ import torch
 from numpy.lib.stride_tricks import sliding_window_view
 
 import train
-from alexnet.checkpoint import load
+from alexnet.checkpoint import CHECKPOINT_KIND, load
 from alexnet.config import Config, TrainConfig, to_dict
 from alexnet.metrics import read_metrics
 from alexnet.models import build_model
 from alexnet.optim import PaperSGD, build_optimizer
-from alexnet.trainer import CHECKPOINT_KIND
 from data.reader import SplitData
 from tests.conftest import load_script, run_script
 from tests.test_evaluate import Payload

@@ -70,35 +70,6 @@ def ten_crops(n: int, size: int, crop: int) -> list[CropSpec]:
     return views
 
 
-class _PinnedIndices:
-    """Crop parameters to the device without a pageable copy (which would wait for the whole stream).
-
-    A small ring of pinned buffers, each reused only once its previous copy is done (an event per
-    buffer; by then it normally is, since the host never runs that far ahead of its stream).
-    """
-
-    RING = 4
-
-    def __init__(self, device: torch.device):
-        self.device, self.turn = device, 0
-        self.buffers = [torch.empty((3, 0), dtype=torch.int64).pin_memory() for _ in range(self.RING)]
-        self.copied = [torch.cuda.Event() for _ in range(self.RING)]
-
-    def __call__(self, spec: CropSpec, n: int) -> torch.Tensor:
-        """int64 3 x n on the device, rows oy, ox, flip; asynchronous on the current stream."""
-        j = self.turn
-        self.copied[j].synchronize()
-        if self.buffers[j].shape[1] < n:
-            self.buffers[j] = torch.empty((3, max(n, 2 * self.buffers[j].shape[1])), dtype=torch.int64).pin_memory()
-        host = self.buffers[j][:, :n]
-        view = host.numpy()
-        view[0], view[1], view[2] = spec.oy[:n], spec.ox[:n], spec.flip[:n]
-        out = host.to(self.device, non_blocking=True)
-        self.copied[j].record()
-        self.turn = (j + 1) % self.RING
-        return out
-
-
 def _uniform(spec: CropSpec, n: int) -> tuple[int, int, bool] | None:
     """(oy, ox, flip) if every image of the batch is cut alike (center and 10-crop views), else None."""
     oy, ox, fl = spec.oy[:n], spec.ox[:n], spec.flip[:n]
@@ -110,8 +81,9 @@ def _uniform(spec: CropSpec, n: int) -> tuple[int, int, bool] | None:
 class Normalizer:
     """Crop, flip and normalise uint8 NHWC batches on their device, writing float NCHW.
 
-    Nothing here waits for the device: per-image crops reach it through pinned memory, and views
-    shared by the whole batch (validation, 10-crop) are plain slices with no index tensor at all.
+    Nothing here waits for the device when per-image crops come staged (`indices`, from
+    data.staging's pinned ring); views shared by the whole batch (validation, 10-crop) are plain
+    slices with no index tensor at all.
     """
 
     def __init__(self, mode: str, mean_image: np.ndarray | None, channel_mean=None, channel_std=None,
@@ -126,19 +98,21 @@ class Normalizer:
             self.cstd = torch.tensor(channel_std, dtype=torch.float32, device=self.device) * 255.0
         else:
             raise ValueError(f"data.mean must be image or channel, got {mode!r}")
-        self._indices = None
         if self.device.type == "cuda":
             # The constants were made on this thread's current stream; a loader reads them on its own
             # stream, which nothing orders after these copies and kernels: finish them now, once.
             torch.cuda.current_stream(self.device).synchronize()
-            self._indices = _PinnedIndices(self.device)
 
-    def __call__(self, images: torch.Tensor, spec: CropSpec, crop: int, out: torch.Tensor | None = None
-                 ) -> torch.Tensor:
-        """images: uint8 N x S x S x 3 on the device -> float N x 3 x crop x crop (into `out` if given)."""
+    def __call__(self, images: torch.Tensor, spec: CropSpec, crop: int, out: torch.Tensor | None = None,
+                 indices: torch.Tensor | None = None) -> torch.Tensor:
+        """images: uint8 N x S x S x 3 on the device -> float N x 3 x crop x crop (into `out` if given).
+
+        indices: `spec` as int64 rows (oy, ox, flip) already on the device (see data.staging); without
+        them per-image crops are copied from `spec`, which on a GPU waits for the stream.
+        """
         n = images.shape[0]
         same = _uniform(spec, n)
-        x = self._slice(images, crop, *same) if same is not None else self._gather(images, spec, crop)
+        x = self._slice(images, crop, *same) if same is not None else self._gather(images, spec, crop, indices)
         x = x.permute(0, 3, 1, 2)
         if out is None:
             return x.contiguous(memory_format=torch.channels_last)
@@ -159,13 +133,13 @@ class Normalizer:
             mean = mean.flip(1) if mean is not None else None
         return self._normalize(x8, mean)
 
-    def _gather(self, images: torch.Tensor, spec: CropSpec, crop: int) -> torch.Tensor:
+    def _gather(self, images: torch.Tensor, spec: CropSpec, crop: int, indices: torch.Tensor | None = None
+                ) -> torch.Tensor:
         n = images.shape[0]
-        if self._indices is not None:
-            oy, ox, fl = self._indices(spec, n)
-            fl = fl.bool()
-        else:
-            oy, ox, fl = (torch.from_numpy(np.ascontiguousarray(a[:n])) for a in (spec.oy, spec.ox, spec.flip))
+        if indices is None:
+            indices = torch.as_tensor(np.stack([spec.oy[:n], spec.ox[:n], spec.flip[:n]]).astype(np.int64),
+                                      device=images.device)
+        oy, ox, fl = indices[0], indices[1], indices[2].bool()
         ar = torch.arange(crop, device=images.device)
         rows = (oy[:, None] + ar)[:, :, None]                                   # N x crop x 1
         cols = (ox[:, None] + torch.where(fl[:, None], crop - 1 - ar, ar))[:, None, :]  # N x 1 x crop

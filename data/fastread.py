@@ -52,8 +52,8 @@ def file_ident(st: os.stat_result) -> tuple[int, int, int, int]:
 
 
 @dataclass(frozen=True)
-class Layout:
-    """What the pread path needs of one format-2 file, read once through HDF5."""
+class FileLayout:
+    """A format-2 file's byte layout (where its images lie) and its labels and checksums, read once through HDF5."""
 
     ident: tuple[int, int, int, int]
     offset: int  # byte offset of image 0 in the file
@@ -62,7 +62,7 @@ class Layout:
     checksums: np.ndarray
 
 
-def read_layout(f: h5py.File, path: Path, ident: tuple[int, int, int, int]) -> Layout:
+def read_layout(f: h5py.File, path: Path, ident: tuple[int, int, int, int]) -> FileLayout:
     """The layout of an open, structure-checked format-2 file whose stat identity is `ident`."""
     ds = f["images"]
     n, image_bytes = ds.shape[0], int(np.prod(ds.shape[1:]))
@@ -76,7 +76,7 @@ def read_layout(f: h5py.File, path: Path, ident: tuple[int, int, int, int]) -> L
         labels, checksums = f["labels"][...], f["checksums"][...]
     except OSError as e:
         raise BatchFileError(path, f"labels or checksums are corrupt ({e})") from None
-    return Layout(ident, int(offset), image_bytes, labels, checksums)
+    return FileLayout(ident, int(offset), image_bytes, labels, checksums)
 
 
 class PreadFile:
@@ -84,7 +84,7 @@ class PreadFile:
 
     version = 2
 
-    def __init__(self, path: Path, fd: int, layout: Layout):
+    def __init__(self, path: Path, fd: int, layout: FileLayout):
         self.path, self.fd, self.layout = path, fd, layout
 
     def close(self) -> None:

@@ -1,10 +1,11 @@
 """Turning batch files into ready device batches.
 
 :class:`BatchMaker` is the one piece of code that prepares a batch: read the replica's share of a step
-from the batch files, stage the uint8 images in pinned host memory, copy them to the device, and crop,
-flip and subtract the mean there. The loaders only decide *where* it runs: ``inline`` calls it in the
-trainer between steps; ``thread`` and ``process`` (:mod:`data.slot_loader`) run it concurrently with
-the trainer and hand over the result in shared device memory.
+from the batch files into the staging ring (:mod:`data.staging`: pinned host memory on a GPU), copy the
+images, labels and crop parameters to the device together, and crop, flip and subtract the mean there.
+The loaders only decide *where* it runs: ``inline`` calls it in the trainer between steps; ``thread``
+and ``process`` (:mod:`data.slot_loader`) run it concurrently with the trainer and hand over the result
+in shared device memory.
 """
 from __future__ import annotations
 
@@ -14,8 +15,9 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from .augment import Normalizer, center_crops, train_crops
+from .augment import CropSpec, Normalizer, center_crops, train_crops
 from .reader import BatchReader, SplitData
+from .staging import StagingRing
 
 
 @dataclass(frozen=True)
@@ -56,46 +58,17 @@ class Batch:
         return int(self.y.shape[0])
 
 
-class Stager:
-    """Host-to-device copies through two pinned buffers, so a copy never waits for the disk read.
+@dataclass
+class HostBatch:
+    """One batch read on the host (into the staging ring's slot on a GPU), with its crops."""
 
-    A pinned buffer is reused only after the device finished copying out of it (an event per buffer);
-    with two buffers that wait is normally already over.
-    """
+    images: np.ndarray  # uint8 N x S x S x 3
+    labels: np.ndarray  # int64 N
+    crops: CropSpec
 
-    def __init__(self, device: torch.device, batch: int, size: int):
-        self.device, self.cuda = device, device.type == "cuda"
-        if self.cuda:
-            self.images = [torch.empty((batch, size, size, 3), dtype=torch.uint8).pin_memory() for _ in range(2)]
-            self.labels = [torch.empty(batch, dtype=torch.int64).pin_memory() for _ in range(2)]
-            self.copied = [torch.cuda.Event() for _ in range(2)]
-            self.turn = 0
-
-    def host_images(self, n: int) -> np.ndarray | None:
-        """The pinned buffer the next upload will send, free to be read into (None on the CPU).
-
-        Reading a batch straight into it saves one host copy of the whole batch; upload() notices.
-        """
-        if not self.cuda:
-            return None
-        self.copied[self.turn].synchronize()
-        return self.images[self.turn][:n].numpy()
-
-    def upload(self, images: np.ndarray, labels: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
-        """uint8 images and int64 labels on the device (asynchronous on the current stream for CUDA)."""
-        if not self.cuda:
-            return torch.from_numpy(images), torch.from_numpy(labels)
-        n, j = len(labels), self.turn
-        self.copied[j].synchronize()
-        host_x, host_y = self.images[j][:n], self.labels[j][:n]
-        if images.ctypes.data != host_x.data_ptr():  # not read in place (host_images): copy it over
-            host_x.numpy()[...] = images
-        host_y.numpy()[...] = labels
-        x = host_x.to(self.device, non_blocking=True)
-        y = host_y.to(self.device, non_blocking=True)
-        self.copied[j].record()
-        self.turn = 1 - j
-        return x, y
+    @property
+    def n(self) -> int:
+        return len(self.labels)
 
 
 def make_readers(spec: LoaderSpec) -> dict[str, BatchReader]:
@@ -126,43 +99,41 @@ class BatchMaker:
         self.size = first.image_size
         mean_image = first.mean_image() if spec.mean == "image" else None
         self.normalize = Normalizer(spec.mean, mean_image, spec.channel_mean, spec.channel_std, self.device)
-        self.stager = Stager(self.device, max(spec.batch_size, spec.val_batch_size), self.size)
+        self.ring = StagingRing(self.device, max(spec.batch_size, spec.val_batch_size), self.size)
 
     def steps(self, split: str) -> int:
         return self.readers[split].steps_per_epoch()
 
-    def crops(self, split: str, epoch: int, positions: np.ndarray):
+    def crops(self, split: str, epoch: int, positions: np.ndarray) -> CropSpec:
         s = self.spec
         if split == "train":
             return train_crops(s.seed, epoch, positions, self.size, s.crop, s.random_crop, s.flip)
         return center_crops(len(positions), self.size, s.crop)
 
-    def read(self, split: str, epoch: int, step: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """Host side: uint8 images, labels and epoch positions of this replica's share of `step`."""
+    def read(self, split: str, epoch: int, step: int) -> HostBatch:
+        """Host side: this replica's share of `step`, read into the ring's next slot, and its crops."""
         reader = self.readers[split]
         positions = reader.positions(step)
-        pinned = self.stager.host_images(len(positions))
-        images, labels = reader.data.read(reader.order(epoch)[positions], out=pinned)
-        return images, labels, positions
+        images, labels = reader.data.read(reader.order(epoch)[positions], out=self.ring.host_images(len(positions)))
+        return HostBatch(images, labels, self.crops(split, epoch, positions))
 
-    def to_device(self, split: str, epoch: int, images: np.ndarray, labels: np.ndarray, positions: np.ndarray,
-                  out: torch.Tensor | None = None, before_write=None) -> tuple[torch.Tensor, torch.Tensor]:
+    def to_device(self, host: HostBatch, out: torch.Tensor | None = None, before_write=None
+                  ) -> tuple[torch.Tensor, torch.Tensor]:
         """Device side: upload, then crop, flip and normalise into `out` (or a new tensor).
 
         `before_write` runs between the upload and the first write into `out` (the loader makes its
         stream wait there until the trainer has freed the slot, so the upload need not wait too).
         """
-        x8, y = self.stager.upload(images, labels)
+        staged = self.ring.upload(host.images, host.labels, host.crops)
         if before_write is not None:
             before_write()
-        x = self.normalize(x8, self.crops(split, epoch, positions), self.spec.crop, out=out)
+        x = self.normalize(staged.images, host.crops, self.spec.crop, out=out, indices=staged.crops)
         if out is None and not self.spec.channels_last:
             x = x.contiguous()
-        return x, y
+        return x, staged.labels
 
     def make(self, split: str, epoch: int, step: int) -> Batch:
-        images, labels, positions = self.read(split, epoch, step)
-        x, y = self.to_device(split, epoch, images, labels, positions)
+        x, y = self.to_device(self.read(split, epoch, step))
         return Batch(x, y, step)
 
 

@@ -34,7 +34,7 @@ from .batchfile import (
     find_bad_chunk,
     open_batch_file,
 )
-from .fastread import BufferPool, Layout, PreadFile, ReadPlan, default_threads, file_ident, read_layout
+from .fastread import BufferPool, FileLayout, PreadFile, ReadPlan, default_threads, file_ident, read_layout
 from .layouts import DataError
 
 _noticed: set[str] = set()  # roots whose format-1 notice this process printed
@@ -97,7 +97,7 @@ class SplitData:
     def _reset(self) -> None:
         """Per-process state: open handles, format-2 layouts (small, kept for every file), threads."""
         self._open: OrderedDict[int, h5py.File | PreadFile] = OrderedDict()
-        self._layouts: dict[int, Layout] = {}
+        self._layouts: dict[int, FileLayout] = {}
         self._pool: ThreadPoolExecutor | None = None
         self._buffers = BufferPool()
         self._pid = os.getpid()

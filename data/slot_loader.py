@@ -74,7 +74,18 @@ def allocate_slots(spec: LoaderSpec, k: int, shared: bool) -> Slots:
 def _events(device: torch.device, k: int, interprocess: bool) -> list | None:
     if device.type != "cuda":
         return None
+    # Only streams wait on these (never the host), so they need no blocking sync.
     return [torch.cuda.Event(interprocess=interprocess) for _ in range(k)]
+
+
+def _loader_stream(device: torch.device):
+    return torch.cuda.Stream(device) if device.type == "cuda" else None
+
+
+def order_after(stream, other) -> None:
+    """Make `stream`'s later work wait for everything queued on `other` so far (no-op without CUDA)."""
+    if stream is not None and other is not None:
+        stream.wait_stream(other)
 
 
 # -- the loader side -----------------------------------------------------------------------------
@@ -82,16 +93,18 @@ def _events(device: torch.device, k: int, interprocess: bool) -> list | None:
 class _Worker:
     """Fills slots for the jobs the trainer sends (runs in the loader thread or process)."""
 
-    def __init__(self, spec: LoaderSpec, slots: Slots, free_events, ready_events, conn):
+    def __init__(self, spec: LoaderSpec, slots: Slots, free_events, ready_events, conn, stream=None):
         self.maker = BatchMaker(spec)
         self.device = self.maker.device
         self.slots, self.free_events, self.ready_events, self.conn = slots, free_events, ready_events, conn
-        self.stream = torch.cuda.Stream(self.device) if self.device.type == "cuda" else None
+        self.stream = stream if stream is not None else _loader_stream(self.device)
 
     def serve(self) -> None:
         while True:
             msg = self.conn.recv()
             if msg[0] == "quit":
+                if self.stream is not None:  # the slots are the trainer's memory: finish writing them first
+                    self.stream.synchronize()
                 return
             if msg[0] != "job":
                 raise LoaderError(f"loader got {msg[0]!r} outside a job")
@@ -117,13 +130,12 @@ class _Worker:
                 raise LoaderError(f"loader got {msg[0]!r} inside job {job}")
 
     def produce(self, slot: int, split: str, epoch: int, step: int, job: int) -> None:
-        images, labels, positions = self.maker.read(split, epoch, step)  # disk and host work first
-        n = len(labels)
+        host = self.maker.read(split, epoch, step)  # disk and host work first
+        n = host.n
         if n:
             with torch.cuda.stream(self.stream):  # a no-op context for None (CPU)
                 wait = None if self.stream is None else (lambda: self.stream.wait_event(self.free_events[slot]))
-                _, y = self.maker.to_device(split, epoch, images, labels, positions, out=self.slots.x[slot],
-                                            before_write=wait)
+                _, y = self.maker.to_device(host, out=self.slots.x[slot], before_write=wait)
                 self.slots.y[slot][:n].copy_(y, non_blocking=True)
                 if self.stream is not None:
                     self.ready_events[slot].record(self.stream)
@@ -131,8 +143,12 @@ class _Worker:
 
 
 def worker_main(spec: LoaderSpec, slots: Slots, free_events, conn, in_process: bool = True,
-                ready_events=None) -> None:
-    """Entry point of the loader process (it creates the ready events and sends them) or thread."""
+                ready_events=None, stream=None) -> None:
+    """Entry point of the loader process (it creates the ready events and sends them) or thread.
+
+    A thread is given its ready events and its stream by the trainer, which orders its own stream
+    after the loader's when it closes (see SlotLoader.close).
+    """
     try:
         if in_process:
             # Ctrl-C and SIGTERM are the trainer's to handle: it checkpoints, then closes the loader.
@@ -145,7 +161,7 @@ def worker_main(spec: LoaderSpec, slots: Slots, free_events, conn, in_process: b
             torch.cuda.set_device(device)
         if in_process:
             ready_events = _events(device, slots.k, interprocess=True)
-        worker = _Worker(spec, slots, free_events, ready_events, conn)
+        worker = _Worker(spec, slots, free_events, ready_events, conn, stream)
         conn.send(("started", ready_events if in_process else None))
         worker.serve()
     except (EOFError, BrokenPipeError, ConnectionResetError):
@@ -172,12 +188,13 @@ class SlotLoader:
         self._steps = count_steps(spec)
         self.slots = allocate_slots(spec, k, shared=mode == "process")
         self.free_events = _events(self.device, k, interprocess=mode == "process")
+        self.home_stream = torch.cuda.current_stream(self.device) if self.device.type == "cuda" else None
         if self.free_events is not None:
             # The slots were allocated (labels zero-filled) on this stream: the loader's first write
             # into a slot must wait for that too, and a never-recorded event would not make it wait.
-            stream = torch.cuda.current_stream(self.device)
             for event in self.free_events:
-                event.record(stream)
+                event.record(self.home_stream)
+        self.loader_stream = None  # a loader thread's stream (a process's own is out of reach)
         self.job, self._closed = 0, False
         if mode == "process":
             ctx = mp.get_context("spawn")
@@ -190,8 +207,10 @@ class SlotLoader:
         else:
             self.conn, child = mp.Pipe()
             self.ready_events = _events(self.device, k, interprocess=False)
-            self.worker = threading.Thread(target=worker_main, name=f"alexnet-loader-{spec.rank}", daemon=True,
-                                           args=(spec, self.slots, self.free_events, child, False, self.ready_events))
+            self.loader_stream = _loader_stream(self.device)
+            self.worker = threading.Thread(
+                target=worker_main, name=f"alexnet-loader-{spec.rank}", daemon=True,
+                args=(spec, self.slots, self.free_events, child, False, self.ready_events, self.loader_stream))
             self.worker.start()
             self._recv("started")
 
@@ -290,4 +309,7 @@ class SlotLoader:
         if self.mode == "process" and self.worker.is_alive():
             self.worker.kill()
             self.worker.join(5)
+        # The slots' memory belongs to the stream they were allocated on, and a thread wrote them on
+        # its own: once freed, that memory must not be reused before those writes are done.
+        order_after(self.home_stream, self.loader_stream)
         self.conn.close()

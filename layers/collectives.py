@@ -105,7 +105,9 @@ def gather_counts(n: int, comm: Comm, device: torch.device) -> tuple[int, ...]:
     """Every member's row count (one tiny all-gather), for gathers of uneven batches."""
     if comm.size == 1:
         return (n,)
-    parts = _all_gather(torch.tensor([n], device=device), comm)
+    # Filled on the device: torch.tensor([n], device=...) would be a pageable host copy, which waits
+    # for everything queued on the stream before the gather is even issued.
+    parts = _all_gather(torch.full((1,), n, dtype=torch.int64, device=device), comm)
     return tuple(int(p) for p in torch.cat(parts).cpu())
 
 

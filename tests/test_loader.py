@@ -63,6 +63,43 @@ def test_stopping_early_then_a_new_job(train_data, mode):
     assert not loader.worker.is_alive()
 
 
+def test_close_orders_the_trainer_stream_after_the_loader_thread(train_data):
+    """A thread writes the trainer's slots on its own stream: once close() returns, the trainer may free
+    and reuse that memory, so its stream must first wait for the loader's (issue 14; CUDA twin in
+    tests/test_gpu.py)."""
+    loader = SlotLoader(spec_for(train_data), "thread", k=2)
+    waits = []
+
+    class Stream:
+        def __init__(self, name: str):
+            self.name = name
+
+        def wait_stream(self, other) -> None:
+            waits.append((self.name, other.name, loader.worker.is_alive()))
+
+    loader.home_stream, loader.loader_stream = Stream("trainer"), Stream("loader")
+    loader.close()
+    assert waits == [("trainer", "loader", False)]  # after the thread is gone: it queues nothing later
+
+
+def test_a_quitting_loader_finishes_its_stream_first(train_data):
+    """A loader process's pending writes into the trainer's slots must not outlive its join."""
+    from data.slot_loader import _Worker, allocate_slots
+    spec, events = spec_for(train_data), []
+
+    class Stream:
+        def synchronize(self) -> None:
+            events.append("synchronize")
+
+    class Conn:
+        def recv(self):
+            events.append("quit")
+            return ("quit",)
+
+    _Worker(spec, allocate_slots(spec, 2, shared=False), None, None, Conn(), Stream()).serve()
+    assert events == ["quit", "synchronize"]
+
+
 def test_loader_error_is_reported_with_the_file(train_data, tmp_path):
     root = tmp_path / "data"
     shutil.copytree(train_data, root)

@@ -1,6 +1,6 @@
 """Evaluate weights on a preprocessed split: top-1/top-5 error, center crop or 10-crop.
 
-Weights may be any format of :mod:`alexnet.weight_formats` (our checkpoints and weights files,
+Weights may be any format of :mod:`alexnet.weights` (our checkpoints and weights files,
 torchvision AlexNet state dicts, plain state dicts of our ``alexnet``/``caffenet``, the Theano
 reproduction's .npy folders); the model is rebuilt from the weights alone (arch, width, crop inferred
 from the shapes where no config is stored), and loading is strict: every key and shape must match.
@@ -34,7 +34,8 @@ from data.reader import BatchReader, SplitData
 
 from .metrics import topk_correct
 from .precision import autocast_for
-from .weight_formats import crop_for_side, load_weights
+from .weights.common import crop_for_side
+from .weights.load import load_weights
 
 PRECISIONS = ("fp32", "tf32", "bf16")
 CSV_HEADER = ("name", "label", "pred1", "pred2", "pred3", "pred4", "pred5", "correct1", "correct5",

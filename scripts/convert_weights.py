@@ -22,7 +22,7 @@ the lr of the next epoch), epoch = the checkpoint's completed epochs unless --ep
 --theano-conv: the Theano run's lib_conv (cudnn, the default and the released weights' setting, is a
 true convolution: kernels are flipped on the way; cudaconvnet is not). --dropout-style: theano (default
 when reading a Theano folder: the arrays unchanged) or inverted (x0.5 folded into fc7 and fc8; when
-writing, inverted-style weights are unfolded). See alexnet/weight_formats.py for the whole mapping.
+writing, inverted-style weights are unfolded). See alexnet/weights/theano_layout.py for the whole mapping.
 Exit codes: 0 done, 2 bad input (missing, unreadable or misshapen files; a file that exists).
 """
 from __future__ import annotations
@@ -35,13 +35,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from alexnet.checkpoint import CheckpointError, load, save_atomic  # noqa: E402
 from alexnet.models import ARCHS  # noqa: E402
-from alexnet.weight_formats import (  # noqa: E402
-    THEANO_CONVS,
-    read_theano,
-    theano_checkpoint,
-    to_theano,
-    write_theano,
-)
+from alexnet.weights.convert import theano_checkpoint, to_theano  # noqa: E402
+from alexnet.weights.theano import read_theano, write_theano  # noqa: E402
+from alexnet.weights.theano_layout import THEANO_CONVS  # noqa: E402
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:

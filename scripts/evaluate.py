@@ -33,7 +33,8 @@ from alexnet.checkpoint import CheckpointError  # noqa: E402
 from alexnet.distributed import pick_device  # noqa: E402
 from alexnet.evaluation import PRECISIONS, check_compatible, evaluate, load_weights, make_normalizer  # noqa: E402
 from alexnet.models import ARCHS  # noqa: E402
-from alexnet.weight_formats import THEANO_CONVS, read_mean_image  # noqa: E402
+from alexnet.weights.mean_image import read_mean_image  # noqa: E402
+from alexnet.weights.theano_layout import THEANO_CONVS  # noqa: E402
 from data.batchfile import atomic_write_json  # noqa: E402
 from data.reader import SplitData  # noqa: E402
 

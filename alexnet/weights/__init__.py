@@ -1,0 +1,28 @@
+"""Every weight format this repository reads or writes, one module each, and how each maps onto our layers.
+
+=============  ================================================  ====================  ====================
+format         what it is                                        module                read / written by
+=============  ================================================  ====================  ====================
+checkpoint     our training checkpoint (kind                     checkpoint_file       load_weights, train.py
+               ``alexnet-checkpoint``): config, weights,                               / Trainer, convert
+               velocities, LR-policy state, position
+weights        kind ``alexnet-weights``: config and weights      checkpoint_file       load_weights
+               only (a Theano epoch converted without                                  / convert
+               momentum); train.py refuses to resume it
+torchvision    torchvision's AlexNet state dict = our ``owt``    torchvision           load_weights
+               (same keys)
+state_dict     a plain state dict of our ``alexnet``/            state_dict            load_weights (--arch)
+               ``caffenet`` (same keys, another layer order,
+               so the arch must be named)
+theano         Ding et al.'s folder of per-layer ``.npy``        theano (files),       read_theano,
+               files, one set per epoch                          theano_layout         load_weights
+                                                                 (arrays)              / write_theano
+=============  ================================================  ====================  ====================
+
+Beside them: ``common`` (FormatError, safe .npy reading, strict loading, width and crop inference:
+what every format uses), ``mean_image`` (mean image files for evaluation), ``convert`` (Theano epochs
+<-> our files, for scripts/convert_weights.py) and ``load`` (detect + load_weights, for evaluation).
+Imports point one way: common <- the formats <- convert, load; nothing here imports the trainer.
+
+Every ``.npy`` is read with ``allow_pickle=False``; every ``.pt`` with ``torch.load(weights_only=True)``.
+"""

@@ -1,0 +1,66 @@
+"""The weight formats package: its imports point one way, and a new file format is one FileFormat line."""
+from __future__ import annotations
+
+import ast
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from alexnet.checkpoint import CheckpointError
+from alexnet.weights import load
+from alexnet.weights.common import FormatError
+from tests.conftest import REPO
+
+PACKAGE = REPO / "alexnet" / "weights"
+TOP = ("convert", "load")  # the two modules that may import the formats
+
+
+def _package_imports(module: str) -> set[str]:
+    """The modules of alexnet/weights that `module` imports (relative imports of the package)."""
+    tree = ast.parse((PACKAGE / f"{module}.py").read_text())
+    out = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and node.level == 1:
+            out |= {node.module} if node.module else {a.name for a in node.names}
+    return out
+
+
+def test_formats_do_not_import_the_modules_above_them():
+    modules = sorted(p.stem for p in PACKAGE.glob("*.py") if p.stem != "__init__")
+    assert {"common", "load", "convert", "theano", "torchvision"} <= set(modules)
+    for module in modules:
+        if module not in TOP:
+            assert not _package_imports(module) & set(TOP), module
+    assert not _package_imports("convert") & {"load"}
+
+
+def test_evaluation_and_weights_do_not_import_the_trainer():
+    code = ("import sys, alexnet.evaluation, alexnet.weights.load, alexnet.weights.convert; "
+            "print(sorted(m for m in sys.modules if m in ('alexnet.trainer', 'train')))")
+    r = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip() == "[]"
+
+
+def test_a_new_format_is_one_line_and_is_told_before_torch_load(tmp_path, monkeypatch):
+    """A format torch.load cannot read, put first, is read by its own reader; the file is never torch-loaded."""
+    model = torch.nn.Linear(2, 3)
+
+    def read(path, contents, arch, width):
+        return model.train(), {"source": "fake", "arch": arch}
+
+    fake = load.FileFormat("fake", lambda path, contents: str(path).endswith(".fake"), read)
+    monkeypatch.setattr(load, "FILE_FORMATS", (fake, *load.FILE_FORMATS))
+    path = tmp_path / "w.fake"
+    path.write_bytes(b"\x08\x01 not a torch file")
+    got, info = load.load_weights(path, "caffenet")
+    assert got is model and not got.training and info == {"source": "fake", "arch": "caffenet"}
+    other = tmp_path / "w.pt"
+    other.write_bytes(b"\x08\x01 not a torch file")
+    with pytest.raises(CheckpointError, match="cannot be loaded as weights"):
+        load.load_weights(other)  # the other formats still torch.load it
+    torch.save({"foo.weight": torch.zeros(2)}, other)
+    with pytest.raises(FormatError, match="unrecognised weights: keys foo.weight"):
+        load.load_weights(other)

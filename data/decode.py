@@ -7,6 +7,8 @@ survives the crop (``resize(box=...)``), so no pixel outside the central square 
 """
 from __future__ import annotations
 
+from typing import BinaryIO
+
 import numpy as np
 from PIL import Image
 
@@ -43,8 +45,9 @@ def to_rgb(im: Image.Image) -> Image.Image:
     return im.convert("RGB")
 
 
-def load_image(path: str, size: int = 256, mode: str = "short", draft: bool = True) -> np.ndarray:
-    """Decode `path` to an HxWx3 uint8 array of side `size`.
+def load_image(path: str | BinaryIO, size: int = 256, mode: str = "short", draft: bool = True) -> np.ndarray:
+    """Decode `path` (a file name, or a binary file object such as an archive member's bytes) to an
+    HxWx3 uint8 array of side `size`; the same bytes give the same pixels either way.
 
     mode ``short``: shorter side to `size`, then the central square (Krizhevsky 2012);
     mode ``warp``: the whole image resized to size x size, aspect ratio not kept (the Theano repo).

@@ -1,9 +1,14 @@
-"""ImageNet source layouts: class discovery and the three validation label formats.
+"""ImageNet source layouts: canonical image names, classes, and the validation label formats.
 
-Train is always ``<wnid>/<image>`` folders. Validation is either the same folder layout, or a flat
-folder of images plus a label file: Kaggle's ``LOC_val_solution.csv`` (``ImageId,PredictionString``
-with the wnid first) or a Caffe-style ``val.txt`` (``<file> <label index>`` per line). Classes are the
-sorted wnids and a label is the index in that order (the torchvision/Caffe convention).
+Every source of a split (a folder, a tar, gzip shards: see :mod:`data.archives`) is first turned into a
+:class:`Listing` of canonically named entries: ``<wnid>/<file>`` for class-sorted images (a class folder,
+a per-class inner tar, a Hugging Face ``<stem>_<wnid>`` name) and the bare file name for flat
+validation images. The plan, the batch files' ``names`` and ``plan.json``'s digest use these names, so
+the same images give the same output whichever form they come in.
+
+Classes are the sorted wnids and a label is the index in that order (the torchvision/Caffe convention).
+Flat validation images are labelled by a file: Kaggle's ``LOC_val_solution.csv``, a Caffe-style
+``val.txt``, or the devkit (:mod:`data.devkit`); every labeller gives a wnid per image.
 
 Everything here only lists files; nothing is decoded. Problems that would make the whole run wrong
 (missing folders, no classes, label files naming unknown files or classes) raise :class:`DataError`
@@ -25,85 +30,126 @@ class DataError(ValueError):
 
 @dataclass(frozen=True)
 class Item:
-    """One source image: its path relative to the split folder ('/'-separated) and its label."""
+    """One source image: its canonical name, its label, and where its bytes are (None: a file below the
+    split folder, at `path`; else an archive member of :mod:`data.archives`)."""
 
     path: str
     label: int
+    loc: object = field(default=None, compare=False)
 
 
 @dataclass
 class Split:
     """The images of one split, in a defined order, plus the files that were passed over."""
 
-    root: Path
+    root: str
     items: list[Item]
-    ignored: list[dict] = field(default_factory=list)  # {path, reason}
+    ignored: list[dict] = field(default_factory=list)  # {path, reason}, path as report.json shows it
+    outside: int = 0  # images of classes left out by a class subset
+
+
+@dataclass(frozen=True)
+class Entry:
+    """One file of a split's source: canonical name, location, and the class its source name gives."""
+
+    name: str
+    loc: object = None
+    wnid: str | None = None
+
+
+@dataclass
+class Listing:
+    """Every file of one split's source; `containers` are class folders or inner tars, even empty ones."""
+
+    root: str
+    split: str
+    entries: list[Entry]
+    containers: list[str] = field(default_factory=list)
+    ignored: list[dict] = field(default_factory=list)
+
+    def where(self, entry: Entry) -> str:
+        """The entry as report.json names it: 'split/name' for files, 'archive:member' for members."""
+        return entry.loc.display() if entry.loc is not None else f"{self.split}/{entry.name}"
 
 
 def is_image_name(name: str) -> bool:
     return os.path.splitext(name)[1].lower() in IMAGE_EXTS
 
 
-def _require_dir(path: str | os.PathLike, what: str) -> Path:
+def require_dir(path: str | os.PathLike, what: str) -> Path:
     p = Path(path)
     if not p.exists():
         raise DataError(f"{what} {p} does not exist")
     if not p.is_dir():
-        raise DataError(f"{what} {p} is not a directory")
+        raise DataError(f"{what} {p} is not a directory or an archive (.tar, .tar.gz)")
     return p
 
 
-def _class_dirs(root: Path) -> list[str]:
-    return sorted(e.name for e in os.scandir(root) if e.is_dir() and not e.name.startswith("."))
-
-
-def find_classes(train_dir: str | os.PathLike) -> list[str]:
-    """The sorted class folder names (wnids) of a train folder."""
-    root = _require_dir(train_dir, "train dir")
-    classes = _class_dirs(root)
-    if not classes:
-        raise DataError(f"train dir {root} has no class folders (expected <wnid>/<image> folders)")
-    return classes
-
-
-def _walk_files(folder: Path) -> list[str]:
-    """All files below `folder`, as sorted '/'-separated paths relative to it."""
-    out = []
-    for dirpath, dirnames, filenames in os.walk(folder):
+def list_folder(folder: str | os.PathLike, split: str, what: str) -> Listing:
+    """All files below `folder` as sorted '/'-separated relative names; its subfolders are the containers."""
+    root = require_dir(folder, what)
+    entries = []
+    for dirpath, dirnames, filenames in os.walk(root):
         dirnames[:] = sorted(d for d in dirnames if not d.startswith("."))
-        rel = Path(dirpath).relative_to(folder)
-        out.extend((rel / f).as_posix() for f in filenames)
-    return sorted(out)
+        rel = Path(dirpath).relative_to(root)
+        entries.extend(Entry((rel / f).as_posix()) for f in filenames)
+    containers = sorted(e.name for e in os.scandir(root) if e.is_dir() and not e.name.startswith("."))
+    return Listing(str(root), split, sorted(entries, key=lambda e: e.name), containers)
 
 
-def scan_folders(split_dir: str | os.PathLike, classes: list[str], what: str) -> Split:
-    """A ``<wnid>/<image>`` split; every folder must be one of `classes`."""
-    root = _require_dir(split_dir, what)
-    present = _class_dirs(root)
-    if not present:
-        raise DataError(f"{what} {root} has no class folders (expected <wnid>/<image> folders)")
-    unknown = sorted(set(present) - set(classes))
+def _class_of(entry: Entry) -> str | None:
+    if entry.wnid is not None:
+        return entry.wnid
+    return entry.name.split("/", 1)[0] if "/" in entry.name else None
+
+
+def find_classes(listing: Listing) -> list[str]:
+    """The sorted wnids of a train source: its class folders (or inner tars) and the classes of its images."""
+    classes = set(listing.containers) | {c for e in listing.entries if (c := _class_of(e)) is not None}
+    if not classes:
+        raise DataError(f"train dir {listing.root} has no class folders (expected <wnid>/<image> folders, "
+                        "a tar of <wnid>.tar archives, or <stem>_<wnid>.JPEG shards)")
+    return sorted(classes)
+
+
+def class_split(listing: Listing, classes: list[str], chosen: list[str], what: str) -> Split:
+    """A split whose images are sorted by class; every class must be one of `classes`, and images of
+    classes outside `chosen` (a subset) are left out."""
+    known, index = set(classes), {c: i for i, c in enumerate(chosen)}
+    unknown = sorted({c for e in listing.entries if (c := _class_of(e)) is not None} - known)
     if unknown:
-        raise DataError(f"{what} {root} has class folders not in the train classes: "
-                        f"{', '.join(unknown[:5])}{' ...' if len(unknown) > 5 else ''}")
-    index = {c: i for i, c in enumerate(classes)}
-    items, ignored = [], []
-    for entry in sorted(os.scandir(root), key=lambda e: e.name):
-        if entry.is_file():
-            ignored.append({"path": entry.name, "reason": "file outside any class folder"})
-    for wnid in present:
-        for rel in _walk_files(root / wnid):
-            path = f"{wnid}/{rel}"
-            if is_image_name(rel):
-                items.append(Item(path, index[wnid]))
-            else:
-                ignored.append({"path": path, "reason": "not an image file (by extension)"})
-    return Split(root, items, ignored)
+        raise DataError(f"{what} {listing.root} has class folders not in the train classes: {_examples(unknown)}")
+    split = Split(listing.root, [], list(listing.ignored))
+    for e in listing.entries:
+        c = _class_of(e)
+        if c is None:
+            split.ignored.append({"path": listing.where(e), "reason": "file outside any class folder"})
+        elif not is_image_name(e.name):
+            split.ignored.append({"path": listing.where(e), "reason": "not an image file (by extension)"})
+        elif c not in index:
+            split.outside += 1
+        else:
+            split.items.append(Item(e.name if e.wnid is None else f"{c}/{e.name}", index[c], e.loc))
+    return split
 
 
-def _read_kaggle_csv(path: Path, index: dict[str, int]) -> dict[str, int]:
-    """ImageId (no extension) -> label, from LOC_val_solution.csv."""
-    labels: dict[str, int] = {}
+# -- flat validation and its label files -----------------------------------------------------------
+
+
+@dataclass
+class ValLabels:
+    """Flat validation labels: file key -> wnid; keys are extension-less stems when `by_stem`."""
+
+    source: str
+    labels: dict[str, str]
+    by_stem: bool
+    names: dict[str, str] | None = None  # wnid -> words, when the labeller gives them
+    names_source: str = ""  # where the words come from
+
+
+def _read_kaggle_csv(path: Path, classes: set[str]) -> dict[str, str]:
+    """ImageId (no extension) -> wnid, from LOC_val_solution.csv."""
+    labels: dict[str, str] = {}
     with open(path, newline="") as f:
         reader = csv.reader(f)
         header = next(reader, None)
@@ -115,17 +161,18 @@ def _read_kaggle_csv(path: Path, index: dict[str, int]) -> dict[str, int]:
             if len(row) < 2 or not row[1].split():
                 raise DataError(f"{path}:{lineno}: expected 'ImageId,<wnid> ...', got {row}")
             image_id, wnid = row[0].strip(), row[1].split()[0]
-            if wnid not in index:
+            if wnid not in classes:
                 raise DataError(f"{path}:{lineno}: class {wnid!r} is not one of the train classes")
             if image_id in labels:
                 raise DataError(f"{path}:{lineno}: {image_id!r} is listed twice")
-            labels[image_id] = index[wnid]
+            labels[image_id] = wnid
     return labels
 
 
-def _read_caffe_txt(path: Path, num_classes: int) -> dict[str, int]:
-    """File name -> label, from a Caffe-style val.txt."""
-    labels: dict[str, int] = {}
+def _read_caffe_txt(path: Path, classes: list[str]) -> dict[str, str]:
+    """File name -> wnid, from a Caffe-style val.txt (label = index into the sorted train wnids)."""
+    labels: dict[str, str] = {}
+    n = len(classes)
     with open(path) as f:
         for lineno, line in enumerate(f, start=1):
             parts = line.split()
@@ -134,65 +181,74 @@ def _read_caffe_txt(path: Path, num_classes: int) -> dict[str, int]:
             if len(parts) != 2 or not parts[1].lstrip("-").isdigit():
                 raise DataError(f"{path}:{lineno}: expected '<file> <label index>', got {line.strip()!r}")
             name, label = parts[0], int(parts[1])
-            if not 0 <= label < num_classes:
-                raise DataError(f"{path}:{lineno}: label {label} is outside 0..{num_classes - 1} "
-                                f"(the {num_classes} train classes)")
+            if not 0 <= label < n:
+                raise DataError(f"{path}:{lineno}: label {label} is outside 0..{n - 1} (the {n} train classes)")
             if name in labels:
                 raise DataError(f"{path}:{lineno}: {name!r} is listed twice")
-            labels[name] = label
+            labels[name] = classes[label]
     return labels
 
 
-def read_label_file(path: str | os.PathLike, classes: list[str]) -> tuple[dict[str, int], bool]:
-    """Labels from a Kaggle CSV or a Caffe val.txt, and whether keys are extension-less stems."""
+def read_label_file(path: str | os.PathLike, classes: list[str]) -> ValLabels:
+    """Labels from a Kaggle CSV (with the words of LOC_synset_mapping.txt beside it) or a Caffe val.txt."""
     p = Path(path)
     if not p.is_file():
         raise DataError(f"label file {p} does not exist")
-    if p.suffix.lower() == ".csv":
-        return _read_kaggle_csv(p, {c: i for i, c in enumerate(classes)}), True
-    return _read_caffe_txt(p, len(classes)), False
+    if p.suffix.lower() != ".csv":
+        return ValLabels(str(p), _read_caffe_txt(p, classes), False)
+    from .classnames import read_synset_mapping  # Kaggle ships the words beside its CSV
+    mapping = p.with_name("LOC_synset_mapping.txt")
+    names = read_synset_mapping(mapping) if mapping.is_file() else None
+    return ValLabels(str(p), _read_kaggle_csv(p, set(classes)), True, names, str(mapping))
 
 
 def _examples(names: list[str]) -> str:
     return ", ".join(names[:5]) + (" ..." if len(names) > 5 else "")
 
 
-def scan_flat(split_dir: str | os.PathLike, label_file: str | os.PathLike, classes: list[str],
-              what: str) -> Split:
-    """A flat split labelled by `label_file`; every listed file must exist and every image be listed."""
-    root = _require_dir(split_dir, what)
-    labels, by_stem = read_label_file(label_file, classes)
-    items, ignored, unlabelled, seen = [], [], [], set()
-    for entry in sorted(os.scandir(root), key=lambda e: e.name):
-        if entry.is_dir():
-            ignored.append({"path": entry.name + "/", "reason": "folder in a flat split"})
+def flat_split(listing: Listing, labels: ValLabels, chosen: list[str]) -> Split:
+    """A flat split labelled by `labels`; every labelled file must exist and every image be labelled."""
+    index = {c: i for i, c in enumerate(chosen)}
+    split, unlabelled, seen = Split(listing.root, [], list(listing.ignored)), [], set()
+    for e in listing.entries:
+        if "/" in e.name:
+            split.ignored.append({"path": listing.where(e), "reason": "file in a folder of a flat split"})
             continue
-        if not is_image_name(entry.name):
-            ignored.append({"path": entry.name, "reason": "not an image file (by extension)"})
+        if not is_image_name(e.name):
+            split.ignored.append({"path": listing.where(e), "reason": "not an image file (by extension)"})
             continue
-        key = os.path.splitext(entry.name)[0] if by_stem else entry.name
-        if key not in labels:
-            unlabelled.append(entry.name)
+        key = os.path.splitext(e.name)[0] if labels.by_stem else e.name
+        if key not in labels.labels:
+            unlabelled.append(e.name)
             continue
         seen.add(key)
-        items.append(Item(entry.name, labels[key]))
-    missing = sorted(set(labels) - seen)
+        if e.wnid is not None and e.wnid != labels.labels[key]:
+            raise DataError(f"{listing.where(e)} names class {e.wnid}, but {labels.source} gives "
+                            f"{labels.labels[key]}; drop --val-labels to use the names, or check the files")
+        if labels.labels[key] in index:
+            split.items.append(Item(e.name, index[labels.labels[key]], e.loc))
+        else:
+            split.outside += 1
+    missing = sorted(set(labels.labels) - seen)
     if missing:
-        raise DataError(f"label file {label_file} names {len(missing)} file(s) not found in {root}: "
+        raise DataError(f"label file {labels.source} names {len(missing)} file(s) not found in {listing.root}: "
                         f"{_examples(missing)}")
     if unlabelled:
-        raise DataError(f"{len(unlabelled)} image(s) in {root} have no label in {label_file}: "
+        raise DataError(f"{len(unlabelled)} image(s) in {listing.root} have no label in {labels.source}: "
                         f"{_examples(unlabelled)}")
-    return Split(root, items, ignored)
+    return split
 
 
-def scan_val(val_dir: str | os.PathLike, val_labels: str | os.PathLike | None,
-             classes: list[str]) -> Split:
-    """Validation split: flat with a label file, or class folders when no label file is given."""
-    if val_labels is not None:
-        return scan_flat(val_dir, val_labels, classes, "val dir")
-    root = _require_dir(val_dir, "val dir")
-    if not _class_dirs(root):
-        raise DataError(f"val dir {root} has no class folders; for a flat val folder pass "
-                        "--val-labels LOC_val_solution.csv (Kaggle) or val.txt (Caffe)")
-    return scan_folders(root, classes, "val dir")
+def val_split(listing: Listing, labels: ValLabels | None, classes: list[str], chosen: list[str]) -> Split:
+    """Validation: flat with a labeller, labelled by its member names (shards), or class folders."""
+    if labels is None and listing.entries and all(e.wnid is not None for e in listing.entries):
+        labels = ValLabels(listing.root, {e.name: e.wnid for e in listing.entries}, False)
+    if labels is not None:
+        unknown = sorted(set(labels.labels.values()) - set(classes))
+        if unknown:
+            raise DataError(f"{labels.source} names classes not in the train classes: {_examples(unknown)}")
+        return flat_split(listing, labels, chosen)
+    if not any("/" in e.name for e in listing.entries) and not listing.containers:
+        raise DataError(f"val dir {listing.root} has no class folders; for a flat val folder pass --val-labels "
+                        "LOC_val_solution.csv (Kaggle), val.txt (Caffe) or the devkit (ILSVRC2012_devkit_t12.tar.gz)")
+    return class_split(listing, classes, chosen, "val dir")

@@ -1,15 +1,20 @@
-"""Preprocess an ImageNet JPEG tree into batch files, a mean image, meta.json and report.json.
+"""Preprocess ImageNet (folders or the archives as downloaded) into batch files, a mean image, meta.json
+and report.json.
 
-The library side of ``scripts/preprocess.py``. One task writes one batch file; tasks run in a pool of
-worker processes. The run is planned first (which source goes into which file), the plan is recorded
-in ``plan.json``, and a re-run with the same arguments skips every finished file, so an interrupted
-run (Ctrl-C, kill -9, a dead worker, a full disk) resumes where it stopped. ``meta.json`` is written
-last and marks the output finished.
+The library side of ``scripts/preprocess.py`` (its command line: :mod:`data.preprocess_cli`). One task
+writes one batch file; tasks run in a pool of worker processes. The run is planned first (which source
+goes into which file), the plan is recorded in ``plan.json``, and a re-run with the same arguments skips
+every finished file, so an interrupted run (Ctrl-C, kill -9, a dead worker, a full disk) resumes where
+it stopped. ``meta.json`` is written last and marks the output finished. The inputs are listed by
+:mod:`data.sources`: images in uncompressed tars are read in place by the workers; those in gzip shards
+are streamed by the parent in windows of batch files that fit a memory budget, and handed to the
+workers as bytes.
 """
 from __future__ import annotations
 
-import argparse
 import concurrent.futures as cf
+import dataclasses
+import gc
 import hashlib
 import io
 import json
@@ -24,6 +29,7 @@ from pathlib import Path
 
 import numpy as np
 
+from .archives import ShardMember, TarMember, collect, in_threads, read_member
 from .batchfile import (
     FORMAT_VERSION,
     BatchFileError,
@@ -34,8 +40,9 @@ from .batchfile import (
     write_batch_file,
 )
 from .decode import RESIZE_MODES, load_image
-from .layouts import DataError, Item, Split, find_classes, scan_folders, scan_val
+from .layouts import DataError, Item
 from .procs import die_with_parent
+from .sources import Sources, gather
 
 SPLITS = ("train", "val")
 
@@ -48,11 +55,14 @@ class Options:
     per_file: int = 256
     resize: str = "short"
     seed: int = 1
+    class_subset: str | None = None  # --classes: N (a seeded choice) or a file of wnids
+    train_per_class: int | None = None
 
 
 @dataclass(frozen=True)
 class Task:
-    """Write one batch file from `items` (paths relative to `src`)."""
+    """Write one batch file from `items`: files below `src`, members of tars (checked against `stamps`,
+    archive -> (size, mtime_ns) when indexed), or bytes streamed from shards (`payload`)."""
 
     split: str
     index: int
@@ -61,6 +71,8 @@ class Task:
     dst: str
     size: int
     resize: str
+    stamps: dict | None = None
+    payload: tuple[bytes, ...] | None = None
 
 
 def plan_files(split: str, items: list[Item], opts: Options) -> list[tuple[Item, ...]]:
@@ -98,16 +110,30 @@ def _tick() -> None:
             _progress.value += 1
 
 
+def _source(task: Task, i: int):
+    """Image `i` of a task as Pillow opens it: a path, or the member's bytes (ArchiveError stops the run)."""
+    loc = task.items[i].loc
+    if loc is None:
+        return os.path.join(task.src, task.items[i].path)
+    if isinstance(loc, TarMember):
+        return io.BytesIO(read_member(loc, task.stamps[loc.archive]))
+    return io.BytesIO(task.payload[i])
+
+
 def process_task(task: Task) -> int:
     """Decode, resize and write one batch file; returns the number of images written."""
     n = len(task.items)
     images = np.empty((n, task.size, task.size, 3), dtype=np.uint8)
     labels, names, skipped = [], [], []
-    for item in task.items:
+    for i, item in enumerate(task.items):
+        source = _source(task, i)
         try:
-            images[len(names)] = load_image(os.path.join(task.src, item.path), task.size, task.resize)
+            images[len(names)] = load_image(source, task.size, task.resize)
         except Exception as e:  # any decoder failure means this one image is skipped, and said so
-            skipped.append({"path": f"{task.split}/{item.path}", "reason": f"{type(e).__name__}: {e}"})
+            where = item.loc.display() if item.loc is not None else f"{task.split}/{item.path}"
+            # Pillow names a file object by its repr (a memory address): name the member instead
+            reason = str(e).replace(repr(source), repr(where)) if item.loc is not None else str(e)
+            skipped.append({"path": where, "reason": f"{type(e).__name__}: {reason}"})
         else:
             labels.append(item.label)
             names.append(item.path)
@@ -121,24 +147,16 @@ def process_task(task: Task) -> int:
 
 # -- parent side ---------------------------------------------------------------------------------
 
-def _scan(train_dir, val_dir, val_labels) -> tuple[list[str], dict[str, Split]]:
-    classes = find_classes(train_dir)
-    splits = {"train": scan_folders(train_dir, classes, "train dir")}
-    if val_dir is not None:
-        splits["val"] = scan_val(val_dir, val_labels, classes)
-    elif val_labels is not None:
-        raise DataError("--val-labels given without --val-dir")
-    for name, split in splits.items():
-        if not split.items:
-            raise DataError(f"{name} dir {split.root} holds no image files")
-    return classes, splits
-
-
-def _plan_record(opts: Options, classes: list[str], splits: dict[str, Split]) -> dict:
-    return {"format_version": FORMAT_VERSION, **asdict(opts),
-            "classes": sources_digest([Item(c, i) for i, c in enumerate(classes)]),
-            "splits": {k: {"sources": sources_digest(s.items), "images": len(s.items)}
-                       for k, s in splits.items()}}
+def _plan_record(opts: Options, src: Sources) -> dict:
+    record = {"format_version": FORMAT_VERSION, **asdict(opts),
+              "classes": sources_digest([Item(c, i) for i, c in enumerate(src.classes)]),
+              "splits": {k: {"sources": sources_digest(s.items), "images": len(s.items)}
+                         for k, s in src.splits.items()}}
+    # which classes a file names is in the classes digest; the file's own path may change between runs
+    if opts.class_subset is not None:
+        spec = str(opts.class_subset)
+        record["class_subset"] = str(int(spec)) if spec.isdigit() else "listed"
+    return record
 
 
 def _check_plan(out: Path, record: dict) -> None:
@@ -184,157 +202,219 @@ def _is_done(path: Path) -> bool:
         return False
 
 
-def _tasks(out: Path, opts: Options, splits: dict[str, Split]) -> list[Task]:
+def _tasks(out: Path, opts: Options, src: Sources) -> list[Task]:
     tasks = []
-    for name, split in splits.items():
+    for name, split in src.splits.items():
         (out / name).mkdir(parents=True, exist_ok=True)
         for stale in (out / name).glob(".*.tmp"):
             stale.unlink()  # a half-written file of an interrupted run
         for i, items in enumerate(plan_files(name, split.items, opts)):
             tasks.append(Task(name, i, items, str(split.root), str(out / name / batch_file_name(i)),
-                              opts.size, opts.resize))
+                              opts.size, opts.resize, src.stamps))
     return tasks
 
 
-def _run_pool(todo: list[Task], workers: int, quiet: bool) -> None:
-    """Run the tasks with a progress bar (images/s, ETA); a dead worker or Ctrl-C stops cleanly."""
-    from tqdm import tqdm
+# -- gzip shards: windows of batch files streamed in passes --------------------------------------------
+
+def _streamed(task: Task) -> bool:
+    return any(isinstance(it.loc, ShardMember) for it in task.items)
+
+
+def stages(todo: list[Task], budget: int) -> list[list[Task]]:
+    """The tasks in stages: first all that read files or tars, then windows of shard tasks whose compressed
+    images fit `budget` bytes (each window costs one streaming pass over the shards it needs)."""
+    plain = [t for t in todo if not _streamed(t)]
+    windows, used = [], 0
+    for t in (t for t in todo if _streamed(t)):
+        size = sum(it.loc.size for it in t.items)
+        if not windows or (used + size > budget and windows[-1]):
+            windows.append([])
+            used = 0
+        windows[-1].append(t)
+        used += size
+    return ([plain] if plain else []) + windows
+
+
+def fill(window: list[Task], threads: int) -> list[Task]:
+    """The window's tasks with their images' bytes, from one pass over each shard they need (in parallel)."""
+    wanted: dict[str, set[str]] = {}
+    for t in window:
+        for it in t.items:
+            wanted.setdefault(it.loc.archive, set()).add(it.loc.name)
+    got = dict(zip(wanted, in_threads(lambda shard, stop: collect(shard, wanted[shard], stop), list(wanted),
+                                      threads)))
+    return [dataclasses.replace(t, payload=tuple(got[it.loc.archive][it.loc.name] for it in t.items))
+            for t in window]
+
+
+def default_shard_memory() -> int:
+    """Half the memory available now (MemAvailable), or 4 GiB where that is unknown."""
+    try:
+        with open("/proc/meminfo") as f:
+            kib = next(int(line.split()[1]) for line in f if line.startswith("MemAvailable:"))
+        return kib * 1024 // 2
+    except (OSError, StopIteration, ValueError):
+        return 4 << 30
+
+
+class _Progress:
+    """The progress bar (images/s, ETA, files), made after the first submit: submitting forks the workers,
+    which should happen while this process is still single-threaded (tqdm starts a monitor thread)."""
+
+    def __init__(self, quiet: bool, images: int, files: int, counter):
+        self.quiet, self.images, self.files, self.counter = quiet, images, files, counter
+        self.bar, self.files_done = None, 0
+
+    def start(self) -> None:
+        if self.bar is None:
+            from tqdm import tqdm
+            self.bar = tqdm(total=self.images, unit="img", desc="preprocess", disable=self.quiet, smoothing=0.05)
+        self.bar.set_description("preprocess")
+
+    def say(self, what: str) -> None:
+        if self.bar is not None:
+            self.bar.set_description(what)
+        elif not self.quiet:
+            print(f"preprocess: {what}", file=sys.stderr)
+
+    def update(self, files_of_part: int) -> None:
+        self.bar.update(self.counter.value - self.bar.n)
+        self.bar.set_postfix(files=f"{self.files_done + files_of_part}/{self.files}", refresh=False)
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()
+
+
+def _run_part(pool: cf.ProcessPoolExecutor, part: list[Task], progress: _Progress) -> None:
+    pending = {pool.submit(process_task, t) for t in part}
+    progress.start()
+    try:
+        while pending:
+            done, pending = cf.wait(pending, timeout=0.5, return_when=cf.FIRST_COMPLETED)
+            for fut in done:
+                fut.result()  # re-raises a worker's error (disk full, bad archive) or BrokenProcessPool
+            progress.update(len(part) - len(pending))
+    except BaseException:
+        for fut in pending:
+            fut.cancel()
+        raise
+    progress.files_done += len(part)
+
+
+def _run_pool(todo: list[Task], workers: int, quiet: bool, budget: int) -> None:
+    """Run the tasks with a progress bar; a dead worker, a bad archive or Ctrl-C stops cleanly."""
     ctx = mp.get_context("fork" if sys.platform.startswith("linux") else "spawn")
     counter = ctx.Value("q", 0)
-    total = sum(len(t.items) for t in todo)
-    with cf.ProcessPoolExecutor(workers, mp_context=ctx, initializer=_init_worker,
-                                initargs=(counter,)) as pool:
-        # Submitting forks every worker; the progress bar (and its monitor thread) comes after, so
-        # the forks happen while this process is still single-threaded.
-        pending = {pool.submit(process_task, t) for t in todo}
-        bar = tqdm(total=total, unit="img", desc="preprocess", disable=quiet, smoothing=0.05)
-        try:
-            while pending:
-                done, pending = cf.wait(pending, timeout=0.5, return_when=cf.FIRST_COMPLETED)
-                for fut in done:
-                    fut.result()  # re-raises a worker's error (disk full, ...) or BrokenProcessPool
-                bar.update(counter.value - bar.n)
-                bar.set_postfix(files=f"{len(todo) - len(pending)}/{len(todo)}", refresh=False)
-        except BaseException:
-            for fut in pending:
-                fut.cancel()
-            raise
-        finally:
-            bar.close()
+    parts = stages(todo, budget)
+    passes = [k for k, part in enumerate(parts) if _streamed(part[0])]
+    progress = _Progress(quiet, sum(len(t.items) for t in todo), len(todo), counter)
+    # The plan (1.28 M items for ImageNet) stays in the parent: frozen, the workers' garbage collector
+    # never walks it, so their forked copies of its pages stay shared instead of being copied.
+    gc.freeze()
+    try:
+        with cf.ProcessPoolExecutor(workers, mp_context=ctx, initializer=_init_worker,
+                                    initargs=(counter,)) as pool:
+            for k, part in enumerate(parts):
+                if k in passes:
+                    progress.say(f"streaming shards, pass {passes.index(k) + 1}/{len(passes)}")
+                    part = fill(part, workers)
+                _run_part(pool, part, progress)
+    finally:
+        gc.unfreeze()
+        progress.close()
 
 
-def _finalize(out: Path, classes: list[str], opts: Options, splits: dict[str, Split], tasks: list[Task],
-              run_info: dict) -> dict:
+# -- finishing -------------------------------------------------------------------------------------
+
+def _split_files(name: str, tasks: list[Task], versions: set[int]) -> tuple[list[dict], list[dict], np.ndarray | None]:
+    """The files of one split as meta.json lists them, their skipped sources, and their pixel sum; adds
+    their format versions to `versions`."""
+    files, skipped, total = [], [], None
+    for path in (Path(t.dst) for t in tasks if t.split == name):
+        attrs = read_file_attrs(path)
+        versions.add(attrs["format_version"])
+        files.append({"name": path.name, "count": attrs["count"]})
+        skipped.extend(attrs["skipped"])
+        if attrs["pixel_sum"] is not None:
+            s = attrs["pixel_sum"].astype(np.uint64)
+            total = s if total is None else total + s
+    return files, skipped, total
+
+
+def _finalize(out: Path, opts: Options, src: Sources, tasks: list[Task], run_info: dict) -> dict:
     """meta.json, mean.npy and report.json from the finished files (the files are the truth)."""
-    meta_splits, skipped, total_sum, n_train, versions = {}, [], None, 0, {FORMAT_VERSION}
-    for name in splits:
-        files = []
-        for path in (Path(t.dst) for t in tasks if t.split == name):
-            attrs = read_file_attrs(path)
-            versions.add(attrs["format_version"])
-            files.append({"name": path.name, "count": attrs["count"]})
-            skipped.extend(attrs["skipped"])
-            if name == "train":
-                s = attrs["pixel_sum"].astype(np.uint64)
-                total_sum = s if total_sum is None else total_sum + s
-                n_train += attrs["count"]
+    meta_splits, skipped, counts, versions, total_sum = {}, [], {}, {FORMAT_VERSION}, None
+    for name, split in src.splits.items():
+        files, split_skipped, pixel_sum = _split_files(name, tasks, versions)
         meta_splits[name] = {"count": sum(f["count"] for f in files), "files": files}
+        skipped += split_skipped
+        counts[name] = {"sources": len(split.items), "written": meta_splits[name]["count"],
+                        "skipped": len(split_skipped)}
+        if name == "train":
+            total_sum = pixel_sum
+    n_train = meta_splits["train"]["count"]
     if n_train == 0:
         raise DataError("no training image could be decoded; see report.json")
     mean = (total_sum.astype(np.float64) / n_train).astype(np.float32)
     buf = io.BytesIO()
     np.save(buf, mean)
     atomic_write_bytes(out / "mean.npy", buf.getvalue())
-    ignored = [{"path": f"{k}/{d['path']}", "reason": d["reason"]} for k, s in splits.items() for d in s.ignored]
-    counts = {k: {"sources": len(s.items), "written": meta_splits[k]["count"],
-                  "skipped": sum(1 for d in skipped if d["path"].startswith(k + "/"))}
-              for k, s in splits.items()}
+    ignored = [d for s in src.splits.values() for d in s.ignored]
     atomic_write_json(out / "report.json", {"counts": counts, "skipped": skipped, "ignored": ignored,
                                             "last_run": run_info})
     # The oldest format present: what the reader's upgrade notice and scripts/upgrade_data.py go by.
-    meta = {"format_version": min(versions), "classes": classes, "num_classes": len(classes),
+    meta = {"format_version": min(versions), "classes": src.classes, "num_classes": len(src.classes),
             "image_size": opts.size, "resize": opts.resize, "per_file": opts.per_file, "seed": opts.seed,
             "splits": meta_splits, "mean": "mean.npy"}
+    if src.class_names is not None:
+        meta["class_names"] = src.class_names
+    if src.subset is not None:
+        meta["subset"] = src.subset
     atomic_write_json(out / "meta.json", meta)
     return {"meta": meta, "counts": counts, "skipped": skipped, "ignored": ignored}
 
 
 def preprocess(train_dir, out, val_dir=None, val_labels=None, opts: Options = Options(),
-               workers: int | None = None, quiet: bool = False) -> dict:
-    """Run (or resume) the whole preprocessing; returns a summary of what was written."""
+               workers: int | None = None, quiet: bool = False, class_names=None,
+               shard_memory: int | None = None) -> dict:
+    """Run (or resume) the whole preprocessing; returns a summary of what was written.
+
+    train_dir, val_dir: a folder, or one or more archives (a path or a list); val_labels: a label file,
+    the devkit, or [meta.mat, ground truth]; shard_memory: bytes of compressed images held per pass
+    over gzip shards (default: half the available memory).
+    """
     if opts.size < 1 or opts.per_file < 1:
         raise DataError(f"--size and --per-file must be positive (got {opts.size}, {opts.per_file})")
     if opts.resize not in RESIZE_MODES:
         raise DataError(f"--resize {opts.resize!r} is not one of {', '.join(RESIZE_MODES)}")
-    classes, splits = _scan(train_dir, val_dir, val_labels)
     out = Path(out)
+    cores = len(os.sched_getaffinity(0))
+    src = gather(train_dir, val_dir, val_labels, class_names, opts, out, workers or cores, quiet)
     out.mkdir(parents=True, exist_ok=True)
     with exclusive(out):
-        _check_plan(out, _plan_record(opts, classes, splits))
-        tasks = _tasks(out, opts, splits)
+        _check_plan(out, _plan_record(opts, src))
+        tasks = _tasks(out, opts, src)
         todo = [t for t in tasks if not _is_done(Path(t.dst))]
-        workers = max(1, min(workers or len(os.sched_getaffinity(0)), len(todo) or 1))
+        workers = max(1, min(workers or cores, len(todo) or 1))
+        budget = shard_memory or default_shard_memory()
         if not quiet:
-            print(f"preprocess: {len(classes)} classes, "
-                  + ", ".join(f"{k} {len(s.items)} images" for k, s in splits.items())
-                  + f"; {len(tasks) - len(todo)} of {len(tasks)} files already done; {workers} workers",
-                  file=sys.stderr)
+            _print_start(src, tasks, todo, workers, budget)
         start = time.perf_counter()
         if todo:
-            _run_pool(todo, workers, quiet)
+            _run_pool(todo, workers, quiet, budget)
         seconds = time.perf_counter() - start
         images = sum(len(t.items) for t in todo)
         run_info = {"seconds": round(seconds, 3), "images": images, "workers": workers,
                     "images_per_s": round(images / seconds, 1) if images and seconds > 0 else None}
-        return _finalize(out, classes, opts, splits, tasks, run_info)
+        return _finalize(out, opts, src, tasks, run_info)
 
 
-def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
-        prog="preprocess.py", description=__doc__.splitlines()[0],
-        epilog="Re-run the same command to resume an interrupted run. See README.md for ImageNet.")
-    p.add_argument("--train-dir", required=True, help="ILSVRC2012 train folder: <wnid>/<image>")
-    p.add_argument("--val-dir", help="val folder: <wnid>/<image>, or flat with --val-labels")
-    p.add_argument("--val-labels", help="LOC_val_solution.csv (Kaggle) or val.txt (Caffe) for a flat val")
-    p.add_argument("--out", required=True, help="output folder")
-    p.add_argument("--size", type=int, default=256, help="output side in pixels (default 256)")
-    p.add_argument("--per-file", type=int, default=256, help="images per batch file (default 256)")
-    p.add_argument("--resize", choices=RESIZE_MODES, default="short",
-                   help="short: shorter side to --size then central crop (default); warp: straight resize")
-    p.add_argument("--seed", type=int, default=1, help="seed of the training-order shuffle (default 1)")
-    p.add_argument("--workers", type=int, default=None, help="worker processes (default: all cores)")
-    p.add_argument("--quiet", action="store_true", help="no progress bar")
-    return p
-
-
-def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
-    opts = Options(args.size, args.per_file, args.resize, args.seed)
-    # SIGTERM stops like Ctrl-C: finished files are kept and a re-run resumes.
-    signal.signal(signal.SIGTERM, signal.default_int_handler)
-    try:
-        summary = preprocess(args.train_dir, args.out, args.val_dir, args.val_labels, opts,
-                             args.workers, args.quiet)
-    except DataError as e:
-        print(f"preprocess: error: {e}", file=sys.stderr)
-        return 2
-    except cf.process.BrokenProcessPool:
-        print("preprocess: error: a worker process died (killed or out of memory); finished files "
-              "are kept: re-run the same command to resume", file=sys.stderr)
-        return 1
-    except KeyboardInterrupt:
-        print("preprocess: interrupted; finished files are kept: re-run the same command to resume",
-              file=sys.stderr)
-        return 130
-    _print_summary(Path(args.out), summary)
-    return 0
-
-
-def _print_summary(out: Path, summary: dict) -> None:
-    for k, c in summary["counts"].items():
-        print(f"{k}: {c['written']} images written to {out / k} ({len(summary['meta']['splits'][k]['files'])}"
-              f" files), {c['skipped']} skipped")
-    print(f"mean image: {out / 'mean.npy'}; meta: {out / 'meta.json'}")
-    if summary["skipped"] or summary["ignored"]:
-        print(f"{len(summary['skipped'])} unreadable and {len(summary['ignored'])} non-image files are listed "
-              f"with the reason in {out / 'report.json'}")
+def _print_start(src: Sources, tasks: list[Task], todo: list[Task], workers: int, budget: int) -> None:
+    passes = sum(1 for part in stages(todo, budget) if _streamed(part[0]))
+    print(f"preprocess: {len(src.classes)} classes"
+          + (f" (of {len(src.all_classes)})" if len(src.classes) != len(src.all_classes) else "") + ", "
+          + ", ".join(f"{k} {len(s.items)} images" for k, s in src.splits.items())
+          + f"; {len(tasks) - len(todo)} of {len(tasks)} files already done; {workers} workers"
+          + (f"; gzip shards: {passes} streaming pass(es) of <= {budget / 2**30:.1f} GiB" if passes else ""),
+          file=sys.stderr)

@@ -304,7 +304,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--val-layout", choices=("flat", "folders"), default="flat")
     p.add_argument("--min-side", type=int, default=96)
     p.add_argument("--max-side", type=int, default=320)
+    p.add_argument("--formats", action="store_true", help="also write the tree as ImageNet is distributed "
+                   "(train tar of per-class tars, val tar, devkit, Hugging Face shards) under <out>/formats")
     a = p.parse_args(argv)
+    if a.formats and a.val_layout != "flat":
+        p.error("--formats needs the flat val layout (the devkit labels flat val images)")
     m = generate(a.out, a.classes, a.train_per_class, a.val_per_class, a.seed, not a.no_quirks,
                  a.val_layout, a.min_side, a.max_side)
     print(f"wrote {m['num_classes']} classes: {m['counts']['train']} train, {m['counts']['val']} val images "
@@ -312,6 +316,12 @@ def main(argv: list[str] | None = None) -> int:
     for name, rel in m.get("label_files", {}).items():
         print(f"  {name} val labels: {os.path.join(a.out, rel)}")
     print(f"  manifest: {os.path.join(a.out, 'manifest.json')}")
+    if a.formats:
+        from .distributions import synthetic_tree, write_formats
+        written = write_formats(synthetic_tree(Path(a.out)), Path(a.out) / "formats", a.seed)
+        for name in ("train_tar", "val_tar", "devkit", "hf_train", "hf_val", "synset_mapping"):
+            paths = written[name] if isinstance(written[name], list) else [written[name]]
+            print(f"  {name}: {' '.join(map(str, paths))}")
     return 0
 
 

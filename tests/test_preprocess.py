@@ -175,19 +175,19 @@ def test_draft_decode_matches_full_decode(tmp_path):
 
 # -- errors before any work ----------------------------------------------------------------------
 
-def _cli(*args):
+def cli(*args):
     return run_script("scripts/preprocess.py", *map(str, args), "--quiet")
 
 
 def test_error_missing_train_dir(tmp_path):
-    r = _cli("--train-dir", tmp_path / "nope", "--out", tmp_path / "out")
+    r = cli("--train-dir", tmp_path / "nope", "--out", tmp_path / "out")
     assert r.returncode == 2 and "does not exist" in r.stderr and str(tmp_path / "nope") in r.stderr
 
 
 def test_error_empty_class_set(tmp_path):
     (tmp_path / "train").mkdir()
     (tmp_path / "train" / "stray.txt").write_text("x")
-    r = _cli("--train-dir", tmp_path / "train", "--out", tmp_path / "out")
+    r = cli("--train-dir", tmp_path / "train", "--out", tmp_path / "out")
     assert r.returncode == 2 and "no class folders" in r.stderr
 
 
@@ -216,7 +216,7 @@ def test_error_bad_label_file_before_any_work(tmp_path, synth, case):
     }[case]
     val, labels = _flat_val(tmp_path, synth, text, name)
     out = tmp_path / "out"
-    r = _cli("--train-dir", root / "train", "--val-dir", val, "--val-labels", labels, "--out", out)
+    r = cli("--train-dir", root / "train", "--val-dir", val, "--val-labels", labels, "--out", out)
     assert r.returncode == 2, r.stderr
     assert expect in r.stderr and str(labels) in r.stderr
     assert not out.exists() or not list(out.rglob("*.h5"))  # no work was done
@@ -224,7 +224,7 @@ def test_error_bad_label_file_before_any_work(tmp_path, synth, case):
 
 def test_flat_val_without_labels_is_an_error(tmp_path, synth):
     root, _ = synth
-    r = _cli("--train-dir", root / "train", "--val-dir", root / "val", "--out", tmp_path / "out")
+    r = cli("--train-dir", root / "train", "--val-dir", root / "val", "--out", tmp_path / "out")
     assert r.returncode == 2 and "--val-labels" in r.stderr
 
 
@@ -232,7 +232,7 @@ def test_rerun_with_other_arguments_refuses(prep, synth):
     out, _ = prep
     root, _ = synth
     before = sorted((p.name, p.stat().st_mtime_ns) for p in (out / "train").iterdir())
-    r = _cli("--train-dir", root / "train", "--val-dir", root / "val", "--val-labels",
+    r = cli("--train-dir", root / "train", "--val-dir", root / "val", "--val-labels",
              root / "LOC_val_solution.csv", "--out", out, "--size", "32", "--per-file", "8")
     assert r.returncode == 2 and "different arguments" in r.stderr and "size: 64 there, 32 now" in r.stderr
     assert sorted((p.name, p.stat().st_mtime_ns) for p in (out / "train").iterdir()) == before
@@ -259,16 +259,17 @@ def slow(*a, **k):
     time.sleep(0.03)
     return _orig(*a, **k)
 p.load_image = slow
-sys.exit(p.main(sys.argv[1:]))
+from data.preprocess_cli import main
+sys.exit(main(sys.argv[1:]))
 """
 
 
-def _start_slow(args: list) -> subprocess.Popen:
+def start_slow(args: list) -> subprocess.Popen:
     return subprocess.Popen([sys.executable, "-c", SLOW_RUN.format(repo=str(REPO)), *map(str, args)],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
-def _wait_for_files(folder: Path, n: int, proc: subprocess.Popen, timeout: float = 60) -> None:
+def wait_for_files(folder: Path, n: int, proc: subprocess.Popen, timeout: float = 60) -> None:
     deadline = time.time() + timeout
     while len(list(folder.glob("[0-9]*.h5"))) < n:
         assert proc.poll() is None, proc.communicate()
@@ -276,8 +277,9 @@ def _wait_for_files(folder: Path, n: int, proc: subprocess.Popen, timeout: float
         time.sleep(0.02)
 
 
-def _same_output(a: Path, b: Path) -> None:
-    for split in ("train", "val"):
+def same_batches(a: Path, b: Path, splits=("train", "val")) -> None:
+    """The two outputs hold bitwise the same batch files (images, labels, names) and mean image."""
+    for split in splits:
         fa, fb = all_files(a, split), all_files(b, split)
         assert len(fa) == len(fb)
         for (ia, la, na), (ib, lb, nb) in zip(fa, fb):
@@ -285,6 +287,10 @@ def _same_output(a: Path, b: Path) -> None:
             np.testing.assert_array_equal(la, lb)
             assert na == nb
     np.testing.assert_array_equal(np.load(a / "mean.npy"), np.load(b / "mean.npy"))
+
+
+def same_output(a: Path, b: Path) -> None:
+    same_batches(a, b)
     ja, jb = (json.loads((x / "meta.json").read_text()) for x in (a, b))
     assert ja == jb
     ra, rb = (json.loads((x / "report.json").read_text()) for x in (a, b))
@@ -300,10 +306,10 @@ def test_interrupted_run_resumes_to_identical_output(synth, tmp_path, how):
     preprocess(root / "train", ref, root / "val", root / "LOC_val_solution.csv", Options(size=64, per_file=2),
                workers=2, quiet=True)
     total = len(list((ref / "train").glob("*.h5")))
-    proc = _start_slow(args)
-    _wait_for_files(out / "train", 2, proc)
+    proc = start_slow(args)
+    wait_for_files(out / "train", 2, proc)
     if how == "kill_worker":
-        workers = [p for p in child_pids(proc.pid) if "resource_tracker" not in _cmdline(p)]
+        workers = [p for p in child_pids(proc.pid) if "resource_tracker" not in cmdline(p)]
         assert workers, "no worker process found"
         os.kill(workers[0], signal.SIGKILL)
     else:
@@ -318,12 +324,12 @@ def test_interrupted_run_resumes_to_identical_output(synth, tmp_path, how):
     assert 0 < len(done) < total  # part-way: some files finished, not all
     for f in done:
         read_batch_file(f)  # every file under a final name is complete
-    r = _cli(*args[:-1])
+    r = cli(*args[:-1])
     assert r.returncode == 0, r.stderr
-    _same_output(out, ref)
+    same_output(out, ref)
 
 
-def _cmdline(pid: int) -> str:
+def cmdline(pid: int) -> str:
     try:
         return Path(f"/proc/{pid}/cmdline").read_text()
     except OSError:
@@ -343,7 +349,7 @@ def test_stale_temp_file_is_never_read(prep, tmp_path, synth):
     preprocess(root / "train", out, root / "val", root / "LOC_val_solution.csv", Options(size=64, per_file=8),
                workers=1, quiet=True)
     assert not list((out / "train").glob(".*.tmp"))
-    _same_output(out, prep[0])
+    same_output(out, prep[0])
 
 
 def test_truncated_final_file_is_redone(prep, tmp_path, synth):
@@ -356,11 +362,11 @@ def test_truncated_final_file_is_redone(prep, tmp_path, synth):
         read_batch_file(victim)
     preprocess(root / "train", out, root / "val", root / "LOC_val_solution.csv", Options(size=64, per_file=8),
                workers=1, quiet=True)
-    _same_output(out, prep[0])
+    same_output(out, prep[0])
 
 
 def test_cli_prints_what_was_written(tmp_path, synth):
     root, _ = synth
-    r = _cli("--train-dir", root / "train", "--out", tmp_path / "o", "--size", 32, "--per-file", 16)
+    r = cli("--train-dir", root / "train", "--out", tmp_path / "o", "--size", 32, "--per-file", 16)
     assert r.returncode == 0, r.stderr
     assert "train: 48 images written" in r.stdout and "report.json" in r.stdout

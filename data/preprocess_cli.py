@@ -1,0 +1,85 @@
+"""The command line of scripts/preprocess.py: arguments, exit codes (0 done, 1 a dead worker, 2 bad input
+or a bad archive, 130 interrupted) and the summary printed at the end."""
+from __future__ import annotations
+
+import argparse
+import signal
+import sys
+from concurrent.futures.process import BrokenProcessPool
+from pathlib import Path
+
+from .archives import ArchiveError
+from .decode import RESIZE_MODES
+from .layouts import DataError
+from .preprocess import Options, preprocess
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="preprocess.py", description="Preprocess ImageNet (folders or the archives as downloaded) into "
+        "batch files, a mean image, meta.json and report.json.",
+        epilog="Re-run the same command to resume an interrupted run. See README.md for ImageNet.")
+    p.add_argument("--train-dir", required=True, nargs="+", metavar="TRAIN",
+                   help="ILSVRC2012 train: a <wnid>/<image> folder, ILSVRC2012_img_train.tar (read in place), "
+                        "or Hugging Face train_images_*.tar.gz shards")
+    p.add_argument("--val-dir", nargs="+", metavar="VAL",
+                   help="val: a folder (<wnid>/<image>, or flat with --val-labels), ILSVRC2012_img_val.tar, "
+                        "or Hugging Face val_images.tar.gz")
+    p.add_argument("--val-labels", nargs="+", metavar="LABELS",
+                   help="labels of a flat val: LOC_val_solution.csv (Kaggle), val.txt (Caffe), the devkit "
+                        "(ILSVRC2012_devkit_t12.tar.gz or its folder), or meta.mat and the ground-truth file")
+    p.add_argument("--class-names", metavar="FILE", help="the words of each wnid: '<wnid> <words>' lines "
+                   "(LOC_synset_mapping.txt) or the devkit; default: the devkit or LOC_synset_mapping.txt "
+                   "beside a Kaggle CSV, when given")
+    p.add_argument("--classes", metavar="N|FILE", help="a subset: N classes chosen with --seed, or the wnids "
+                   "listed in FILE; labels 0..N-1 in sorted-wnid order, val restricted to them")
+    p.add_argument("--train-per-class", type=int, metavar="K", help="at most K training images per class "
+                   "(the first K by name)")
+    p.add_argument("--out", required=True, help="output folder")
+    p.add_argument("--size", type=int, default=256, help="output side in pixels (default 256)")
+    p.add_argument("--per-file", type=int, default=256, help="images per batch file (default 256)")
+    p.add_argument("--resize", choices=RESIZE_MODES, default="short",
+                   help="short: shorter side to --size then central crop (default); warp: straight resize")
+    p.add_argument("--seed", type=int, default=1, help="seed of the training-order shuffle (default 1)")
+    p.add_argument("--workers", type=int, default=None, help="worker processes (default: all cores)")
+    p.add_argument("--shard-memory", type=float, metavar="GIB", help="gzip shards: GiB of compressed images "
+                   "held per streaming pass (default: half the available memory)")
+    p.add_argument("--quiet", action="store_true", help="no progress bar")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    opts = Options(args.size, args.per_file, args.resize, args.seed, args.classes, args.train_per_class)
+    # SIGTERM stops like Ctrl-C: finished files are kept and a re-run resumes.
+    signal.signal(signal.SIGTERM, signal.default_int_handler)
+    memory = int(args.shard_memory * 2**30) if args.shard_memory else None
+    try:
+        summary = preprocess(args.train_dir, args.out, args.val_dir, args.val_labels, opts, args.workers,
+                             args.quiet, args.class_names, memory)
+    except ArchiveError as e:
+        print(f"preprocess: error: {e}; finished batch files are kept", file=sys.stderr)
+        return 2
+    except DataError as e:
+        print(f"preprocess: error: {e}", file=sys.stderr)
+        return 2
+    except BrokenProcessPool:
+        print("preprocess: error: a worker process died (killed or out of memory); finished files "
+              "are kept: re-run the same command to resume", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print("preprocess: interrupted; finished files are kept: re-run the same command to resume",
+              file=sys.stderr)
+        return 130
+    _print_summary(Path(args.out), summary)
+    return 0
+
+
+def _print_summary(out: Path, summary: dict) -> None:
+    for k, c in summary["counts"].items():
+        print(f"{k}: {c['written']} images written to {out / k} ({len(summary['meta']['splits'][k]['files'])}"
+              f" files), {c['skipped']} skipped")
+    print(f"mean image: {out / 'mean.npy'}; meta: {out / 'meta.json'}")
+    if summary["skipped"] or summary["ignored"]:
+        print(f"{len(summary['skipped'])} unreadable and {len(summary['ignored'])} non-image files are listed "
+              f"with the reason in {out / 'report.json'}")

@@ -1,4 +1,5 @@
-"""`benchmark.py parallel`: Yadan et al. (2013)'s Table 1 layouts, measured, and a cost model.
+"""parallel: Yadan et al. (2013)'s Table 1 layouts (1 device; 2 model parallel; 2 and 4 data parallel;
+4 model + data) plus fc parallelism on 2 and 4, at one global batch, measured, and a cost model.
 
 Each layout trains AlexNet for a few steps at one global batch (256 by default) with the repository's
 own training step (alexnet/replica.py: the model part, the optimizer, the synchronisation), one
@@ -10,13 +11,12 @@ those bytes take over a link of a given bandwidth: a model, not a measurement.
 """
 from __future__ import annotations
 
+import itertools
 import json
-import os
-import statistics
-import tempfile
-import time
 from dataclasses import dataclass
 from pathlib import Path
+
+from .common import join_as, run_workers, subcommand, timed_steps
 
 # name, replicas R, model size M, model parallelism, as Yadan et al.'s Table 1 plus fc-parallel.
 LAYOUTS = (
@@ -54,8 +54,7 @@ def _worker(rank: int, world: int, port: int, spec: dict, out: str) -> None:
     from alexnet.distributed import setup, teardown
     from alexnet.precision import autocast_for, configure_backends
     from alexnet.replica import Replica
-    os.environ.update(RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank), LOCAL_WORLD_SIZE=str(world),
-                      MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    join_as(rank, world, port)
     cfg = Config()
     apply(cfg, spec["config"], "benchmark")
     info = setup(cfg)
@@ -65,23 +64,17 @@ def _worker(rank: int, world: int, port: int, spec: dict, out: str) -> None:
     b, crop = cfg.train.batch_size, cfg.data.crop
     x = torch.randn(b, 3, crop, crop, generator=g).to(info.device)
     y = torch.randint(0, spec["classes"], (b,), generator=g).to(info.device)
+    numbers = itertools.count(1)  # the step numbers, warm-up included
 
-    def steps(n: int, first: int) -> float:
-        if info.device.type == "cuda":
-            torch.cuda.synchronize(info.device)
-        dist.barrier(group=info.cpu_group)
-        start = time.perf_counter()
-        for i in range(n):
-            replica.step(x, y, first + i, lambda: autocast_for(cfg.train.precision, info.device))
-        if info.device.type == "cuda":
-            torch.cuda.synchronize(info.device)
-        return time.perf_counter() - start
-    steps(spec["warmup"], 1)
+    def step() -> None:
+        replica.step(x, y, next(numbers), lambda: autocast_for(cfg.train.precision, info.device))
+    barrier = lambda: dist.barrier(group=info.cpu_group)  # noqa: E731
+    timed_steps(step, spec["warmup"], info.device, 1, barrier=barrier)
     sent0 = replica.sent_bytes()
     n = spec["steps"]
-    times = [steps(n, 1 + spec["warmup"] + r * n) / n for r in range(spec["repeat"])]
-    mine = {"s_per_step": statistics.median(times), "sent_per_step": (replica.sent_bytes() - sent0)
-            / (spec["steps"] * spec["repeat"]), "param_bytes": replica.parameter_bytes()}
+    mine = {"s_per_step": timed_steps(step, n, info.device, spec["repeat"], barrier=barrier) / n,
+            "sent_per_step": (replica.sent_bytes() - sent0) / (n * spec["repeat"]),
+            "param_bytes": replica.parameter_bytes()}
     everyone = [None] * world
     dist.all_gather_object(everyone, mine, group=info.cpu_group)
     if rank == 0:
@@ -91,9 +84,6 @@ def _worker(rank: int, world: int, port: int, spec: dict, out: str) -> None:
 
 def measure(name: str, replicas: int, model_size: int, mode: str, args, devices: list[str]) -> dict:
     """Run one layout in `replicas x model_size` processes; its row of the table (or the reason not)."""
-    import torch.multiprocessing as mp
-
-    from alexnet.launch import free_port
     world = replicas * model_size
     if len(devices) < world:
         return {"layout": name, "status": f"skipped: needs {world} devices, {len(devices)} present"}
@@ -104,10 +94,7 @@ def measure(name: str, replicas: int, model_size: int, mode: str, args, devices:
               "parallel": {"replicas": replicas, "model_size": model_size, "model": mode, "exchange": "gradients",
                            "devices": devices[:world], "timeout": 600.0}}
     spec = {"config": config, "classes": 1000, "warmup": args.warmup, "steps": args.steps, "repeat": args.repeat}
-    with tempfile.TemporaryDirectory() as tmp:
-        out = Path(tmp) / "result.json"
-        mp.start_processes(_worker, args=(world, free_port(), spec, str(out)), nprocs=world, start_method="spawn")
-        ranks = json.loads(out.read_text())
+    ranks = run_workers(_worker, world, spec)
     step = max(r["s_per_step"] for r in ranks)  # the slowest process sets the pace
     return {"layout": name, "processes": world, "batch_per_process": batch,
             "ms_per_step": round(1e3 * step, 1), "img_per_s": round(args.batch_size / step, 1),
@@ -191,7 +178,7 @@ def cost_model(step_ms: float, global_batch: int = 256) -> list[dict]:
     return rows
 
 
-def bench_parallel(args) -> dict:
+def run(args) -> dict:
     import torch
     if args.device == "cpu" or not torch.cuda.is_available():
         devices = ["cpu"] * 8
@@ -211,8 +198,10 @@ def bench_parallel(args) -> dict:
             "cost_model": {"assumed_step_ms": args.step_ms, "rows": cost_model(args.step_ms, 256)}}
 
 
-def add_parser(sub) -> None:
-    p = sub.add_parser("parallel", help="Yadan et al.'s Table 1 layouts (model, data, hybrid, fc) + cost model")
+def add_parser(sub):
+    p = subcommand(sub, "parallel", "Yadan et al.'s Table 1 layouts (model, data, hybrid, fc) + cost model", run,
+                   tables=(("cost_model", "cost model (full-size AlexNet, global batch 256; a model, not a "
+                                          "measurement)"),))
     p.add_argument("--batch-size", type=int, default=256, help="global batch (default 256)")
     p.add_argument("--width", type=float, default=1.0)
     p.add_argument("--precision", default="fp32", choices=("fp32", "tf32", "bf16"))
@@ -223,6 +212,4 @@ def add_parser(sub) -> None:
     p.add_argument("--step-ms", type=float, default=1640.0,
                    help="the step time the cost model compares against (default: the paper's 1-GPU step, Titan "
                         "Black, batch 256)")
-    p.set_defaults(func=bench_parallel, columns=["layout", "processes", "batch_per_process", "ms_per_step",
-                                                 "img_per_s", "speedup", "yadan_speedup", "MB_sent_per_step",
-                                                 "MB_params_per_process", "status"])
+    return p

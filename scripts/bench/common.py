@@ -1,0 +1,134 @@
+"""What the benchmarks share: timing with warm-up, worker processes, arguments, tables and JSON."""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import tempfile
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+ARCHS = ("alexnet", "caffenet", "owt")
+
+
+# -- arguments ------------------------------------------------------------------------------------------
+
+def subcommand(sub, name: str, summary: str, run: Callable[[argparse.Namespace], dict],
+               tables: Sequence[tuple[str, str]] = ()) -> argparse.ArgumentParser:
+    """The parser of one benchmark; `run(args)` returns its result, whose `rows` are its table and whose
+    keys named in `tables` (key, title) are tables printed after it."""
+    p = sub.add_parser(name, help=summary)
+    p.set_defaults(run=run, tables=tuple(tables))
+    return p
+
+
+def add_model_args(p: argparse.ArgumentParser, crop: bool = False) -> None:
+    """--arch and --width (and --crop) of the model a benchmark builds."""
+    p.add_argument("--arch", default="alexnet", choices=ARCHS)
+    p.add_argument("--width", type=float, default=1.0)
+    if crop:
+        p.add_argument("--crop", type=int, default=0, help="default: 227 (224 for owt)")
+
+
+def add_timing_args(p: argparse.ArgumentParser, steps: int = 20, warmup: int = 5, repeat: int = 3) -> None:
+    """--device, and --steps timed --repeat times after --warmup steps."""
+    p.add_argument("--device", default="auto")
+    p.add_argument("--steps", type=int, default=steps, help="timed steps per repeat")
+    p.add_argument("--warmup", type=int, default=warmup)
+    p.add_argument("--repeat", type=int, default=repeat)
+
+
+def default_crop(arch: str, crop: int = 0) -> int:
+    """`crop`, or the arch's own: 224 for owt (torchvision's), 227 for the paper's models."""
+    return crop or (224 if arch == "owt" else 227)
+
+
+# -- timing ---------------------------------------------------------------------------------------------
+
+def timed_steps(step: Callable[[], object], steps: int, device, repeat: int, warmup: int = 0,
+                barrier: Callable[[], object] | None = None) -> float:
+    """Median seconds for `steps` calls of step(), device work included, after `warmup` calls.
+
+    `barrier` (several processes) starts every timed run together, after the device is idle.
+    """
+    for _ in range(warmup):
+        step()
+    times = []
+    for _ in range(repeat):
+        _synchronize(device)
+        if barrier is not None:
+            barrier()
+        start = time.perf_counter()
+        for _ in range(steps):
+            step()
+        _synchronize(device)
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+def _synchronize(device) -> None:
+    if device.type == "cuda":
+        import torch
+        torch.cuda.synchronize(device)
+
+
+def device_name(device) -> str:
+    """The GPU's name, or the CPU's cores and torch version."""
+    import torch
+    if device.type == "cuda":
+        return torch.cuda.get_device_name(device)
+    return f"cpu ({len(os.sched_getaffinity(0))} cores, torch {torch.__version__})"
+
+
+def cpu_name() -> str:
+    """The CPU's model name and the cores this process may use."""
+    model = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
+                  if line.startswith("model name")), "cpu") if Path("/proc/cpuinfo").exists() else "cpu"
+    return f"{model}, {len(os.sched_getaffinity(0))} cores"
+
+
+# -- worker processes -----------------------------------------------------------------------------------
+
+def run_workers(worker: Callable, world: int, *args) -> object:
+    """Run worker(rank, world, port, *args, out) in `world` spawned processes; return the JSON that one
+    of them wrote to the file `out`."""
+    import torch.multiprocessing as mp
+
+    from alexnet.launch import free_port
+    with tempfile.TemporaryDirectory() as tmp:
+        out = Path(tmp) / "result.json"
+        mp.start_processes(worker, args=(world, free_port(), *args, str(out)), nprocs=world, start_method="spawn")
+        return json.loads(out.read_text())
+
+
+def join_as(rank: int, world: int, port: int) -> None:
+    """Set the environment torch.distributed starts from (what torchrun would set), for a worker."""
+    os.environ.update(RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank), LOCAL_WORLD_SIZE=str(world),
+                      MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+
+
+# -- the report -----------------------------------------------------------------------------------------
+
+def table(rows: list[dict]) -> str:
+    """Right-aligned columns: every key of the rows, in order of appearance; missing cells empty."""
+    cols = list(dict.fromkeys(k for r in rows for k in r))
+    widths = [max(len(c), *(len(str(r.get(c, ""))) for r in rows)) for c in cols]
+    line = lambda vals: "  ".join(str(v).rjust(w) for v, w in zip(vals, widths))  # noqa: E731
+    return "\n".join([line(cols), line(["-" * w for w in widths])] + [line([r.get(c, "") for c in cols])
+                                                                      for r in rows])
+
+
+def report(result: dict, tables: Sequence[tuple[str, str]], json_path: str | None) -> None:
+    """Print the result's rows, then its other tables and its figures; write it all to `json_path`."""
+    print(table(result["rows"]))
+    for key, title in tables:
+        if key in result:
+            rows = result[key]["rows"] if isinstance(result[key], dict) else result[key]
+            print(f"\n{title}:")
+            print(table(rows))
+    print({k: v for k, v in result.items() if k != "rows" and k not in dict(tables)})
+    if json_path:
+        Path(json_path).write_text(json.dumps(result, indent=1) + "\n")

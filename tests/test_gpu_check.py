@@ -1,80 +1,252 @@
-"""scripts/gpu_check.py's CPU twin: every step reported, failures and hangs isolated, the exit code."""
+"""scripts/gpu_check.py's CPU twin: both sequences run, a budget overrun is skipped (exit 0), a failure
+and a hang (killed at its own limit) fail (exit 1); the plan, the verdicts, the compile precheck and
+the command line in-process."""
 from __future__ import annotations
 
-import importlib.util
 import json
+import os
+import subprocess
 import sys
+import threading
+import time
 from pathlib import Path
 
 import pytest
 import torch
 
-from tests.conftest import REPO, run_script
+from tests.conftest import REPO
 
-spec = importlib.util.spec_from_file_location("gpu_check", REPO / "scripts" / "gpu_check.py")
-gpu_check = sys.modules["gpu_check"] = importlib.util.module_from_spec(spec)  # dataclasses look it up
-spec.loader.exec_module(gpu_check)
+sys.path.append(str(REPO / "scripts"))  # last: its scripts must not shadow other modules
+from gpucheck import basics, cli, runner, speed, table  # noqa: E402
 
-STEPS = [s.name for s in gpu_check.STEPS]
 CUDA_ONLY = {"pytest-gpu": "CUDA", "multi-nccl-weights": "needs 2 GPUs, found 0",
              "multi-ddp-nccl": "needs 2 GPUs, found 0", "multi-torchrun": "needs 2 GPUs, found 0",
              "speed-compile": "CPU twin"}
+# bench-train's own CPU limit is 60 s: the budget cuts it unless the start-up took over 38 s (it took 23 s
+# with four processes importing torch on a loaded 2-core machine)
+OVERRUN_BUDGET = 60.0
+# The four runs, started together (those that mostly sleep first, so that their start-up is not the
+# last): two with injected faults, and the two sequences at tiny sizes, with a budget no loaded CI
+# machine reaches (the budget's cut has its own run).
+RUNS = {
+    "overrun": ["--bench", "--budget", str(OVERRUN_BUDGET), "--inject-failure", "bench-train:slow"],
+    "faults": ["--bench", "--inject-failure", "bench-train", "--inject-failure", "bench-loading:hang",
+               "--inject-failure", "bench-exchange"],
+    "check": ["--budget", "1500"],
+    "bench": ["--bench", "--budget", "1500"],
+}
 
 
-def report(out: Path) -> dict[str, dict]:
-    steps = json.loads((out / "gpu_check.json").read_text())["steps"]
-    return {s["name"]: s for s in steps}
+class Run:
+    """One gpu_check.py --device cpu process: its exit code, output, wall time from its start."""
+
+    def __init__(self, out: Path, args: list[str]):
+        self.out = out
+        out.mkdir(parents=True)
+        self.began, self.ended = time.monotonic(), None
+        with open(out / "stdout.txt", "w") as f:
+            self.proc = subprocess.Popen([sys.executable, "scripts/gpu_check.py", "--device", "cpu", "--out",
+                                          str(out), *args], cwd=REPO, stdout=f, stderr=subprocess.STDOUT,
+                                         env={**os.environ, "PYTHONUNBUFFERED": "1"})
+        threading.Thread(target=self._wait, daemon=True).start()
+
+    def _wait(self) -> None:
+        self.proc.wait()
+        self.ended = time.monotonic()
+
+    def result(self, timeout: float = 1200) -> Run:
+        self.proc.wait(timeout=timeout)
+        while self.ended is None:
+            time.sleep(0.01)
+        return self
+
+    @property
+    def wall(self) -> float:
+        return self.ended - self.began
+
+    @property
+    def stdout(self) -> str:
+        return (self.out / "stdout.txt").read_text()
+
+    @property
+    def report(self) -> dict:
+        return json.loads((self.out / "gpu_check.json").read_text())
+
+    @property
+    def steps(self) -> dict[str, dict]:
+        return {s["name"]: s for s in self.report["steps"]}
+
+    @property
+    def md(self) -> str:
+        return (self.out / "gpu_check.md").read_text()
+
+
+def reads(run: str):
+    """Marks a test as reading one of RUNS (the fixture starts only those the selected tests read)."""
+    def mark(test):
+        test.gpu_check_run = run
+        return test
+    return mark
+
+
+@pytest.fixture(scope="module")
+def runs(request, tmp_path_factory):
+    base = tmp_path_factory.mktemp("gpu_check")
+    wanted = {getattr(getattr(item, "function", None), "gpu_check_run", None) for item in request.session.items}
+    started = {name: Run(base / name, args) for name, args in RUNS.items() if name in wanted}
+    yield started
+    for r in started.values():
+        if r.proc.poll() is None:
+            runner.kill_tree(r.proc.pid)
 
 
 @pytest.mark.slow
-def test_cpu_twin_runs_every_step(tmp_path):
-    out = tmp_path / "check"
-    r = run_script("scripts/gpu_check.py", "--device", "cpu", "--out", str(out), timeout=900)
-    assert (out / "gpu_check.md").is_file() and (out / "gpu_check.json").is_file(), r.stderr[-3000:]
-    steps, md = report(out), (out / "gpu_check.md").read_text()
-    assert list(steps) == STEPS  # every step, in order, each with a status
+@reads("check")
+def test_cpu_twin_runs_the_check_sequence(runs):
+    r = runs["check"].result()
+    assert r.proc.returncode == 0, r.stdout[-3000:]
+    steps, md = r.steps, r.md
+    assert list(steps) == table.CHECK and r.report["sequence"] == "check"
     for name, step in steps.items():
         assert f"| {name} |" in md
         if name in CUDA_ONLY:
             assert step["status"] == "skipped" and CUDA_ONLY[name] in step["reason"], step
+            assert step["limit_s"] is None
         else:
             assert step["status"] == "passed", (name, step["reason"], step.get("log_tail"))
-            assert (out / "logs" / f"{name}.log").is_file()
-    assert r.returncode == 0, r.stdout[-3000:]
+            assert step["limit_s"] == step["own_limit_s"] == table.BY_NAME[name].limit[1]  # the budget had room
+            assert (r.out / "logs" / f"{name}.log").is_file()
     assert steps["resume-sigint-deterministic"]["figures"]["bitwise"]
     assert steps["resume-sigint"]["figures"]["sigint"] == "after its first train record"
-    assert steps["bench-train"]["figures"]["rows"] and "## Benchmarks" in md
-    assert (out / "logs" / "resume-sigint" / "interrupted.log").is_file()
-    env = json.loads((out / "gpu_check.json").read_text())["environment"]
+    assert (r.out / "logs" / "resume-sigint" / "interrupted.log").is_file()
+    assert "| speed-bf16 | train.precision=bf16 | passed |" in md and "## Benchmarks" not in md
+    env = r.report["environment"]
     assert env["device"] == "cpu" and env["gpus"] == 0 and env["torch"] == torch.__version__
-    assert not (out / "work").exists()  # temporary data and checkpoints removed without --keep-work
+    assert r.report["budget_s"] == 1500 and r.report["seconds"] <= r.wall
+    assert not (r.out / "work").exists()  # temporary data and checkpoints removed without --keep-work
 
 
-def test_failed_and_hung_steps_are_reported_and_the_others_go_on(tmp_path):
-    out = tmp_path / "check"
-    r = run_script("scripts/gpu_check.py", "--device", "cpu", "--out", str(out),
-                   "--steps", "speed-bf16,speed-tf32,speed-slices",
-                   "--inject-failure", "speed-bf16", "--inject-failure", "speed-tf32:hang", timeout=600)
-    assert r.returncode == 1, r.stdout[-3000:] + r.stderr[-3000:]
-    steps = report(out)
-    assert list(steps) == STEPS
-    assert steps["speed-bf16"]["status"] == "failed" and "injected failure" in steps["speed-bf16"]["reason"]
-    assert steps["speed-tf32"]["status"] == "failed" and "timed out" in steps["speed-tf32"]["reason"]
-    assert steps["speed-tf32"]["seconds"] < gpu_check.HANG_TIMEOUT + 10  # killed at its limit, not waited for
-    assert steps["data"]["status"] == "passed" and steps["speed-slices"]["status"] == "passed"
-    others = set(STEPS) - {"data", "speed-bf16", "speed-tf32", "speed-slices"}
-    assert all(steps[n]["status"] == "skipped" and steps[n]["reason"].startswith("not selected") for n in others)
-    assert "| speed-bf16 | train.precision=bf16 | **failed** |" in (out / "gpu_check.md").read_text()
+@pytest.mark.slow
+@reads("bench")
+def test_cpu_twin_runs_the_bench_sequence(runs):
+    r = runs["bench"].result()
+    assert r.proc.returncode == 0, r.stdout[-3000:]
+    steps = r.steps
+    assert list(steps) == table.BENCH == ["bench-train", "bench-loading", "bench-exchange"]
+    assert all(s["status"] == "passed" for s in steps.values()), steps
+    assert steps["bench-train"]["figures"]["rows"] and steps["bench-exchange"]["figures"]["rows"]
+    assert "## Benchmarks" in r.md and "### bench-loading:" in r.md
+    assert not (r.out / "work").exists()
 
 
-def test_a_step_that_no_longer_fits_is_skipped_out_of_time(tmp_path):
-    ctx = gpu_check.Ctx(tmp_path, "cpu", 0)
-    env = {"cuda_available": False}
-    done = {"data": gpu_check.Result("data", "", "passed")}
-    reason, _ = gpu_check.plan(ctx, gpu_check.BY_NAME["evaluate"], env, done, left=5, selected=None)
-    assert reason.startswith("out of time")
-    reason, limit = gpu_check.plan(ctx, gpu_check.BY_NAME["evaluate"], env, done, left=50, selected=None)
-    assert reason == "" and limit == 50  # the rest of the budget, less than the step's own limit
+@reads("overrun")
+def test_a_budget_overrun_is_skipped_not_failed_and_the_run_ends_within_the_budget(runs):
+    r = runs["overrun"].result()
+    assert r.proc.returncode == 0, r.stdout[-3000:]
+    cut, own = r.steps["bench-train"], table.BY_NAME["bench-train"].limit[1]
+    assert cut["status"] == "skipped" and cut["reason"].startswith("cut short by the budget after"), cut
+    assert cut["limit_s"] < own == cut["own_limit_s"]
+    assert f"{cut['limit_s']:.0f}/{own:.0f}" in r.md
+    for name in ("bench-loading", "bench-exchange"):
+        assert r.steps[name]["status"] == "skipped" and r.steps[name]["reason"].startswith("out of time")
+    # counted from the process's start, the clean-up included: the steps end `reserve` before the budget
+    assert r.wall <= OVERRUN_BUDGET - runner.RESERVE["cpu"] + 1.0, r.wall
+    assert r.report["budget_s"] == OVERRUN_BUDGET and not (r.out / "work").exists()
+
+
+@reads("faults")
+def test_a_failure_and_a_hang_fail_and_the_others_go_on(runs):
+    r = runs["faults"].result()
+    assert r.proc.returncode == 1, r.stdout[-3000:]
+    steps = r.steps
+    assert steps["bench-train"]["status"] == "failed" and "injected failure" in steps["bench-train"]["reason"]
+    hang = steps["bench-loading"]
+    assert hang["status"] == "failed" and hang["reason"].startswith("timed out after"), hang
+    assert f"its own time limit of {runner.HANG_TIMEOUT:.0f} s" in hang["reason"]
+    assert hang["seconds"] < runner.HANG_TIMEOUT + 10  # killed at its limit, not waited for
+    assert steps["bench-exchange"]["status"] == "failed"  # it ran after the hang
+    assert "| bench-train | scripts/benchmark.py train: precision x channels_last | **failed** |" in r.md
+
+
+def ctx(**inject) -> runner.Ctx:
+    return runner.Ctx(Path("/nonexistent"), "cpu", 0, inject=inject)
+
+
+DATA = {"data": runner.Result("data", "", "passed")}
+
+
+def test_plan_cuts_a_step_to_the_budget_or_skips_it():
+    step = table.BY_NAME["evaluate"]
+    own = step.limit[1]
+
+    def plan(left: float, c: runner.Ctx | None = None, done: dict = DATA, selected: set | None = None):
+        return runner.plan(c or ctx(), step, {}, done, lambda: left, selected)
+    assert plan(1000) == ("", own)
+    assert plan(own - 5) == ("", own - 5)  # cut to the budget
+    assert plan(own / 3 - 1)[0].startswith("out of time: ")
+    assert plan(1000, done={})[0].startswith("no data")
+    assert plan(1000, selected={"data"})[0].startswith("not selected")
+    assert plan(1000, ctx(evaluate="hang")) == ("", runner.HANG_TIMEOUT)
+
+
+def test_the_budget_left_is_asked_after_the_compile_precheck(monkeypatch):
+    left = [1000.0]  # the precheck (up to 30 s of compiling) spends some of it
+    monkeypatch.setattr(runner, "compile_blocker", lambda: left.__setitem__(0, 100.0) or "")
+    c = runner.Ctx(Path("/nonexistent"), "cuda", 1)
+    assert runner.plan(c, table.BY_NAME["speed-compile"], {}, DATA, lambda: left[0], None) == ("", 100.0)
+
+
+def test_a_step_stopped_at_its_limit_is_skipped_if_the_budget_cut_it_else_failed():
+    assert runner.timed_out(30, limit=30, own=60, why="")[0] == "skipped"
+    status, reason = runner.timed_out(60, limit=60, own=60, why="train was stopped")
+    assert status == "failed" and "own time limit of 60 s" in reason and "train was stopped" in reason
+
+
+def test_compile_precheck(tmp_path):
+    if os.environ.get("CC"):
+        pytest.skip("$CC is set: the PATH lookup below would not be used")
+    assert speed.compile_blocker(path=str(tmp_path)).startswith(f"{speed.CANNOT}: no C compiler")
+    if speed.c_compiler() is None or not (speed.python_include() / "Python.h").is_file():
+        pytest.skip("this machine has no C compiler or no Python.h")
+    assert f"no Python.h in {tmp_path}" in speed.compile_blocker(include=tmp_path)
+    (tmp_path / "Python.h").write_text("#error not the real header\n")
+    assert "cannot compile against" in speed.compile_blocker(include=tmp_path)
+    assert "triton is not installed" in speed.compile_blocker(has_triton=False)
+    assert speed.compile_blocker(has_triton=True) == ""
+
+
+def test_compile_precheck_follows_cc(tmp_path, monkeypatch):
+    if not (speed.python_include() / "Python.h").is_file():
+        pytest.skip("this machine has no Python.h")
+    monkeypatch.setenv("CC", "no-such-compiler")
+    assert "no C compiler" in speed.compile_blocker(has_triton=True)
+    monkeypatch.setenv("CC", "false")  # found, but compiles nothing
+    assert "cannot compile against" in speed.compile_blocker(has_triton=True)
+
+
+def test_the_sequences_and_their_budgets():
+    assert table.SEQUENCES["quick"] == ["data", "resume-sigint", "replicas-ipc", "evaluate"]
+    assert table.CHECK[:4] == table.SEQUENCES["quick"]  # the core first, the speed options after it
+    assert table.CHECK.index("evaluate") < min(table.CHECK.index(s) for s in table.CHECK if s.startswith("speed-"))
+    assert table.CHECK[-1] == "speed-compile" and set(table.CHECK) | set(table.BENCH) == set(table.BY_NAME)
+    assert sum(table.BY_NAME[s].limit[0] for s in table.BENCH) + runner.RESERVE["cuda"] + 10 <= 540
+    for argv, sequence, budget in (([], "check", 540), (["--quick"], "quick", 180), (["--bench"], "bench", 540),
+                                   (["--quick", "--budget", "100"], "quick", 100)):
+        args = cli.parse_args(["--out", "x", *argv], "doc")
+        assert (args.sequence, args.budget) == (sequence, budget)
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--steps", "nope"], "unknown step(s) nope"),
+    (["--steps", "bench-train"], "not in the check sequence"),
+    (["--quick", "--steps", "pytest-gpu"], "not in the quick sequence"),
+    (["--inject-failure", "data:sometimes"], "mode(s) sometimes"),
+    (["--quick", "--bench"], "not allowed with argument"),
+])
+def test_bad_arguments_are_refused(argv, message, capsys):
+    with pytest.raises(SystemExit) as e:
+        cli.parse_args(["--out", "x", *argv], "doc")
+    assert e.value.code == 2 and message in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("line, want", [
@@ -84,15 +256,10 @@ def test_a_step_that_no_longer_fits_is_skipped_out_of_time(tmp_path):
     ("355 deselected in 5.41s", {"deselected": 355}),
 ])
 def test_pytest_summary_is_parsed(line, want):
-    assert gpu_check.pytest_counts(f"....F\nshort test summary info\n{line}\n") == want
+    assert basics.pytest_counts(f"....F\nshort test summary info\n{line}\n") == want
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the refusal where CUDA is absent")
-def test_no_cuda_without_device_cpu_exits_2(tmp_path):
-    r = run_script("scripts/gpu_check.py", "--out", str(tmp_path))
-    assert r.returncode == 2 and "--device cpu" in r.stderr
-
-
-def test_unknown_step_is_refused(tmp_path):
-    r = run_script("scripts/gpu_check.py", "--device", "cpu", "--out", str(tmp_path), "--steps", "nope")
-    assert r.returncode == 2 and "unknown step(s) nope" in r.stderr
+def test_no_cuda_without_device_cpu_exits_2(tmp_path, capsys):
+    assert cli.main(["--out", str(tmp_path)], doc="doc") == 2
+    assert "--device cpu" in capsys.readouterr().err

@@ -1,0 +1,88 @@
+"""scripts/gpu_check.py's command line: which sequence, its budget, the steps selected, injections."""
+from __future__ import annotations
+
+import argparse
+import math
+import sys
+import time
+from pathlib import Path
+
+from .report import environment
+from .runner import RESERVE, Budget, run_all, step_main
+from .table import BUDGETS, BY_NAME, SEQUENCES
+
+INJECT_MODES = ("fail", "hang", "slow")
+
+
+def parse_inject(specs: list[str] | None) -> dict[str, str]:
+    """--inject-failure STEP[:MODE] -> {STEP: 'fail' | 'hang' | 'slow'}."""
+    inject = {}
+    for spec in specs or []:
+        name, _, mode = spec.partition(":")
+        inject[name] = mode or "fail"
+    return inject
+
+
+def parser(doc: str) -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="gpu_check.py", description=doc.splitlines()[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter,
+                                epilog="\n".join(doc.splitlines()[2:]))
+    p.add_argument("--out", help="report folder (gpu_check.md, gpu_check.json, logs/); its work/ is temporary")
+    p.add_argument("--device", choices=("auto", "cuda", "cpu"), default="auto",
+                   help="cuda (auto's choice where CUDA is available) or cpu: the CPU twin")
+    which = p.add_mutually_exclusive_group()
+    which.add_argument("--quick", action="store_const", dest="sequence", const="quick",
+                       help=f"only the core: {', '.join(SEQUENCES['quick'])} (budget {BUDGETS['quick']:.0f} s)")
+    which.add_argument("--bench", action="store_const", dest="sequence", const="bench",
+                       help=f"the full-size benchmarks: {', '.join(SEQUENCES['bench'])}")
+    p.add_argument("--budget", type=float, help="seconds for the whole run, counted from the process's start, "
+                   f"clean-up included (default {BUDGETS['check']:.0f}; --quick {BUDGETS['quick']:.0f})")
+    p.add_argument("--steps", help="comma-separated steps of the sequence to run (data is added): "
+                   + "; ".join(f"{k}: {', '.join(v)}" for k, v in SEQUENCES.items() if k != "quick"))
+    p.add_argument("--keep-work", action="store_true", help="keep OUT/work (data, run folders, checkpoints)")
+    # For tests of this script: a step's first command fails (STEP), never ends (STEP:slow: a budget
+    # overrun), or the step hangs at once under a short limit of its own (STEP:hang).
+    p.add_argument("--inject-failure", action="append", metavar="STEP[:hang|slow]", help=argparse.SUPPRESS)
+    for internal in ("--_step", "--_context", "--_result"):  # a step's own process
+        p.add_argument(internal, help=argparse.SUPPRESS)
+    p.add_argument("--_deadline", type=float, default=math.inf, help=argparse.SUPPRESS)
+    return p
+
+
+def parse_args(argv: list[str] | None, doc: str) -> argparse.Namespace:
+    p = parser(doc)
+    args = p.parse_args(argv)
+    args.sequence = args.sequence or "check"
+    args.budget = BUDGETS[args.sequence] if args.budget is None else args.budget
+    args.inject = parse_inject(args.inject_failure)
+    if args._step is not None:
+        return args
+    if not args.out:
+        p.error("--out is required")
+    if not args.budget > 0:
+        p.error("--budget must be positive")
+    named = {*(args.steps.split(",") if args.steps else []), *args.inject}
+    if unknown := named - set(BY_NAME):
+        p.error(f"unknown step(s) {', '.join(sorted(unknown))}; the steps: {', '.join(BY_NAME)}")
+    if elsewhere := named - set(SEQUENCES[args.sequence]):
+        p.error(f"step(s) {', '.join(sorted(elsewhere))} not in the {args.sequence} sequence: "
+                f"{', '.join(SEQUENCES[args.sequence])}")
+    if bad := {m for m in args.inject.values() if m not in INJECT_MODES}:
+        p.error(f"--inject-failure mode(s) {', '.join(sorted(bad))}: use {', '.join(INJECT_MODES)}")
+    return args
+
+
+def main(argv: list[str] | None = None, doc: str = "", start: float | None = None) -> int:
+    """`start`: time.monotonic() at the process's start, from which the budget counts."""
+    start = time.monotonic() if start is None else start
+    args = parse_args(argv, doc or (__doc__ or ""))
+    if args._step:
+        return step_main(args._step, Path(args._context), args._deadline, Path(args._result))
+    import torch
+    device = args.device if args.device != "auto" else ("cuda" if torch.cuda.is_available() else "")
+    if not device or (device == "cuda" and not torch.cuda.is_available()):
+        print("gpu_check.py: error: CUDA is not available here; --device cpu runs the CPU twin (which proves "
+              "this script, not the GPU)", file=sys.stderr)
+        return 2
+    Path(args.out).mkdir(parents=True, exist_ok=True)
+    return run_all(args, environment(device), Budget(args.budget, start, RESERVE[device]))

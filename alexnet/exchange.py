@@ -11,8 +11,9 @@ buffer first, so a transport moves a few large blocks, never one message per ten
 - ``nccl`` / ``gloo``: one all-reduce of the flat buffer through torch.distributed.
 
 ``parallel.exchange: gradients`` (synchronous SGD, Synkhronos / Goyal et al.): gradients are averaged
-during the backward pass by DistributedDataParallel (bucketed, overlapped with computation); see
-:func:`wrap_gradients`.
+during the backward pass by DistributedDataParallel (bucketed, overlapped with computation) over the
+processes that hold the same part of the model: every process with data parallelism alone, the
+data-parallel group of each model part otherwise; see :func:`wrap_gradients`.
 """
 from __future__ import annotations
 
@@ -24,9 +25,9 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from layers import Comm, all_reduce_sum
+from layers import Comm
 
-from .distributed import DistInfo, Peers
+from .distributed import Peers
 
 
 def flat_size(tensors: list[torch.Tensor]) -> int:
@@ -171,26 +172,6 @@ class IpcAverage:
         self.acc = None
 
 
-class GradientAverage:
-    """The mean of the gradients over the peers, after the backward pass: one flat all-reduce.
-
-    For model-parallel layouts, whose data-parallel group is not the whole world (DDP averages over
-    one group and wraps one module); data parallelism alone uses DDP (overlapped with backward).
-    """
-
-    def __init__(self, params: list[torch.Tensor], comm: Comm):
-        self.params, self.comm = params, comm
-        self.flat = torch.empty(flat_size(params), device=params[0].device)
-
-    @torch.no_grad()
-    def __call__(self) -> None:
-        grads = [p.grad for p in self.params]
-        pack(grads, self.flat)
-        all_reduce_sum(self.flat, self.comm)
-        self.flat.div_(self.comm.size)
-        unpack(self.flat, grads)
-
-
 class WeightExchange:
     """Average parameters and momentum buffers across replicas every `every` steps."""
 
@@ -229,21 +210,29 @@ class WeightExchange:
         self.impl.close()
 
 
-def wrap_gradients(model: nn.Module, info: DistInfo, bucket_mb: float, comm: Comm | None = None) -> nn.Module:
-    """DistributedDataParallel: gradients averaged in buckets, overlapped with the backward pass.
+def wrap_gradients(model: nn.Module, device: torch.device, bucket_mb: float, comm: Comm | None = None) -> nn.Module:
+    """DistributedDataParallel over `comm`'s group (default: the whole world): gradients averaged in
+    buckets of `bucket_mb`, each bucket's all-reduce launched as soon as its gradients are ready, so it
+    overlaps the rest of the backward pass.
 
-    `comm` (the whole world): its `before` runs ahead of each bucket's all-reduce (the launcher's
-    heartbeat) and it counts the bytes sent.
+    `comm`: the processes holding the same parameters (a model part's data-parallel group); its
+    `before` runs ahead of DDP's start-up collectives and of each bucket's all-reduce (the launcher's
+    heartbeat), and it counts the bytes sent.
     """
     from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
     from torch.nn.parallel import DistributedDataParallel as DDP
-    ids = [info.device.index] if info.device.type == "cuda" else None
-    ddp = DDP(model, device_ids=ids, bucket_cap_mb=bucket_mb, gradient_as_bucket_view=True)
+    ids = [device.index] if device.type == "cuda" else None
     if comm is not None:
-        def hook(state, bucket):
-            comm.arrive()
-            buffer = bucket.buffer()
-            comm.sent[0] += 2 * buffer.numel() * buffer.element_size() * (comm.size - 1) // comm.size
-            return allreduce_hook(state, bucket)
-        ddp.register_comm_hook(None, hook)
+        comm.arrive()  # DDP's constructor checks the shapes and broadcasts the parameters
+    ddp = DDP(model, device_ids=ids, bucket_cap_mb=bucket_mb, gradient_as_bucket_view=True,
+              process_group=comm.group if comm is not None else None)
+    if comm is None:
+        return ddp
+
+    def hook(group, bucket):
+        comm.arrive()
+        buffer = bucket.buffer()
+        comm.sent[0] += 2 * buffer.numel() * buffer.element_size() * (comm.size - 1) // comm.size
+        return allreduce_hook(group, bucket)  # the group is the hook's state: without it, the whole world
+    ddp.register_comm_hook(comm.group, hook)
     return ddp

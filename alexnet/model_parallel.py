@@ -190,9 +190,9 @@ class ShardedNet(nn.Module):
 
 
 def build_sharded(arch: str, num_classes: int, width: float, dropout: float, crop: int, init: str,
-                  dropout_style: str, mode: str, comm: Comm) -> ShardedNet:
+                  dropout_style: str, mode: str, comm: Comm, lrn: str = "paper") -> ShardedNet:
     """This process's part of the single-device model `build_model(...)` would give (same RNG use)."""
-    full = build_model(arch, num_classes, width, dropout, crop, init, dropout_style)
+    full = build_model(arch, num_classes, width, dropout, crop, init, dropout_style, lrn)
     problem = sharding_problem(mode, arch, comm.size, full)
     if problem:
         raise ValueError(problem)

@@ -12,9 +12,9 @@ With M > 1 (alexnet/model_parallel.py):
 - a checkpoint holds the single-device state dict and optimizer state: rank 0 assembles them from
   its model group, and every process takes its own part back on resume, whatever layout wrote it.
 
-Replicas (the processes holding the same part) then keep in step by averaging gradients (DDP for
-data parallelism alone; one flat all-reduce after backward for model-parallel layouts) or weights
-and momentum (the paper). Every byte that crosses a link is counted (:meth:`Replica.sent_bytes`).
+Replicas (the processes holding the same part) then keep in step by averaging gradients (DDP over
+them, its bucketed all-reduces overlapped with the backward pass, in every layout) or weights and
+momentum (the paper). Every byte that crosses a link is counted (:meth:`Replica.sent_bytes`).
 """
 from __future__ import annotations
 
@@ -30,14 +30,15 @@ from layers import Comm
 
 from .config import Config, ConfigError
 from .distributed import DistInfo
-from .exchange import GradientAverage, WeightExchange, broadcast_from_first, wrap_gradients
+from .exchange import WeightExchange, broadcast_from_first, wrap_gradients
 from .model_parallel import ShardedNet, build_sharded, parameter_bytes
 from .models import build_model
 from .optim import build_optimizer
 
 
-class Layout:
-    """This process's role in the mesh (see the module docstring): what it reads and how it counts."""
+class MeshLayout:
+    """This process's place in the R x M mesh (see the module docstring): what it reads, how it counts,
+    which part of the model it holds."""
 
     def __init__(self, cfg: Config, dist: DistInfo):
         self.cfg, self.dist = cfg, dist
@@ -91,10 +92,10 @@ class Layout:
         torch.manual_seed(self.cfg.train.seed)  # the same initial weights on every process
         args = (m.arch, num_classes, m.width, m.dropout, self.cfg.data.crop, m.init, m.dropout_style)
         if not self.sharded:
-            return build_model(*args)
+            return build_model(*args, lrn=m.lrn)
         peers = self.dist.model_peers
         comm = Comm(peers.group, peers.rank, peers.size, before=before_collective)
-        return build_sharded(*args, self.mode, comm)
+        return build_sharded(*args, self.mode, comm, lrn=m.lrn)
 
     # -- checkpoints ---------------------------------------------------------------------------------------
 
@@ -177,7 +178,7 @@ class Replica:
     """This process's model, optimizer and synchronisation with its peers; `step` trains on one batch."""
 
     def __init__(self, cfg: Config, dist: DistInfo, num_classes: int, arrive: Callable[[], None] | None = None):
-        self.cfg, self.dist, self.layout = cfg, dist, Layout(cfg, dist)
+        self.cfg, self.dist, self.layout = cfg, dist, MeshLayout(cfg, dist)
         self.arrive = arrive or (lambda: None)  # called before every collective (the launcher's heartbeat)
         try:
             model = self.layout.build_model(num_classes, before_collective=self.arrive)
@@ -186,9 +187,9 @@ class Replica:
         model = model.to(dist.device)
         self.model = model.to(memory_format=torch.channels_last) if cfg.train.channels_last else model
         self.optimizer = build_optimizer(self.model, cfg.train)
-        self.ddp = dist.distributed and cfg.parallel.exchange == "gradients" and not self.layout.sharded
+        # DDP over the processes holding the same part: all of them (M = 1), or the part's data group
+        self.ddp = cfg.parallel.exchange == "gradients" and dist.data_peers is not None and dist.data_peers.size > 1
         self.exchange: WeightExchange | None = None
-        self.grad_average: GradientAverage | None = None
         self.comms: list[Comm] = [self.model.comm] if self.layout.sharded else []
         forward = self._replicate()
         self.forward = torch.compile(forward) if cfg.train.compile else forward
@@ -200,18 +201,14 @@ class Replica:
             return model
         if peers.size == 1:  # one model group and no replica of it: nothing to keep in step
             return model
-        self.arrive()
-        broadcast_from_first([t.data for t in model.parameters()], peers)
-        comm = Comm(peers.group, peers.rank, peers.size, before=self.arrive)
         if p.exchange == "weights":
+            self.arrive()
+            broadcast_from_first([t.data for t in model.parameters()], peers)
             self.exchange = WeightExchange(model, self.optimizer, peers, self.dist.transport, p.exchange_every)
-        elif self.ddp:
-            self.comms.append(comm)
-            return wrap_gradients(model, self.dist, p.bucket_mb, comm)
-        else:
-            self.comms.append(comm)
-            self.grad_average = GradientAverage(list(model.parameters()), comm)
-        return model
+            return model
+        comm = Comm(peers.group, peers.rank, peers.size, before=self.arrive)
+        self.comms.append(comm)
+        return wrap_gradients(model, self.dist.device, p.bucket_mb, comm)  # DDP broadcasts the first's weights
 
     def step(self, x: torch.Tensor, y: torch.Tensor, steps_done: int, autocast) -> tuple[torch.Tensor, torch.Tensor]:
         """One update from (x, y), then the weights exchange if due; (mean loss, logits) as sgd_step."""
@@ -219,17 +216,11 @@ class Replica:
         no_sync = getattr(self.forward, "no_sync", None) if slices > 1 else None
         out = sgd_step(self.forward, self.optimizer, x, y, autocast, slices, no_sync, keep_grads=self.ddp,
                        loss_scale=self.layout.loss_scale,
-                       before_update=self._before_update if self.layout.sharded else None)
+                       before_update=self.model.sync_model_group if self.layout.sharded else None)
         if self.exchange is not None and steps_done % self.exchange.every == 0:
             self.arrive()
             self.exchange.after_step(steps_done)
         return out
-
-    def _before_update(self) -> None:
-        """Model parallel: complete the replicated layers' gradients, then average with the replicas."""
-        self.model.sync_model_group()
-        if self.grad_average is not None:
-            self.grad_average()
 
     def average_now(self) -> None:
         """Weights mode between two exchanges: average, so a checkpoint holds every replica."""

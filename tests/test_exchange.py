@@ -9,7 +9,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from alexnet.config import ParallelConfig, TrainConfig
-from alexnet.distributed import DistInfo, Peers
+from alexnet.distributed import Peers
 from alexnet.exchange import WeightExchange, broadcast_from_first
 from alexnet.launch import free_port
 from alexnet.optim import build_optimizer
@@ -154,8 +154,7 @@ def test_ddp_gradients_stay_bucket_views_across_steps(tmp_path):
     try:
         torch.manual_seed(0)
         model = torch.nn.Sequential(torch.nn.Linear(5, 7), torch.nn.ReLU(), torch.nn.Linear(7, 3))
-        info = DistInfo(0, 1, 0, 1, torch.device("cpu"), "gloo", dist.group.WORLD)
-        ddp = wrap_gradients(model, info, bucket_mb=25)  # no comm: no heartbeat, nothing counted
+        ddp = wrap_gradients(model, torch.device("cpu"), bucket_mb=25)  # no comm: no heartbeat, nothing counted
         opt = build_optimizer(model, TrainConfig(lr=0.1))
         x, y = torch.randn(4, 5), torch.randint(0, 3, (4,))
         no_autocast = lambda: torch.autocast("cpu", enabled=False)  # noqa: E731

@@ -88,6 +88,68 @@ def test_unsplittable_layouts_are_refused():
     assert sharding_problem("fc", "owt", 2, full) is None
 
 
+# -- the data-parallel gradient average of a hybrid mesh ----------------------------------------------------
+
+def _hybrid_member(rank: int, world: int, port: int, slices: int, out: str) -> None:
+    """One process of fc R=2 x M=2 training 2 steps with Replica; records every data-group all-reduce
+    (which gradient buffer, and whether the backward pass had finished) and where each gradient lives."""
+    from alexnet.config import Config, apply
+    from alexnet.distributed import setup, teardown
+    from alexnet.replica import Replica
+    os.environ.update(RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank), LOCAL_WORLD_SIZE=str(world),
+                      MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    torch.set_num_threads(1)
+    cfg = Config()
+    apply(cfg, {"model.arch": "alexnet", "model.width": 0.125, "model.dropout": 0.0, "model.init": "torch",
+                "data.crop": 67, "data.root": "unused", "train.batch_size": 4, "train.slices": slices,
+                "parallel.model": "fc", "parallel.model_size": 2, "parallel.exchange": "gradients",
+                "parallel.bucket_mb": 0.05}, "test")
+    info = setup(cfg)
+    replica = Replica(cfg, info, 4)
+    events, real_all_reduce = [], dist.all_reduce
+
+    def all_reduce(tensor, *args, group=None, **kwargs):
+        if group is info.data_peers.group:
+            events.append(["reduce", tensor.data_ptr(), tensor.numel() * tensor.element_size()])
+        return real_all_reduce(tensor, *args, group=group, **kwargs)
+    dist.all_reduce = all_reduce
+    steps = []
+    for step in range(1, 3):
+        g = torch.Generator().manual_seed(10 * rank + step)  # every process its own images
+        x = torch.randn(4, 3, 67, 67, generator=g).requires_grad_()
+        x.register_hook(lambda grad: events.append(["input grad"]))  # the last gradient of a backward pass
+        events.clear()
+        replica.step(x, torch.randint(0, 4, (4,), generator=g), step, lambda: torch.autocast("cpu", enabled=False))
+        grads = {k: [p.grad.data_ptr(), p.grad.numel() * p.grad.element_size()]
+                 for k, p in replica.model.named_parameters()}
+        steps.append({"events": list(events), "grads": grads})
+    dist.all_reduce = real_all_reduce
+    torch.save({"steps": steps, "weights": replica.model.state_dict()}, f"{out}/rank{rank}.pt")
+    teardown(info)
+
+
+def test_hybrid_gradients_reduced_once_each_during_backward(tmp_path):
+    """fc R=2 x M=2, 2 micro-batches per step: each gradient is in exactly one data-group all-reduce per
+    step, the first of which starts before backward ends; the replicas of a part end equal."""
+    mp.start_processes(_hybrid_member, args=(4, free_port(), 2, str(tmp_path)), nprocs=4, start_method="spawn")
+    got = [torch.load(tmp_path / f"rank{r}.pt", weights_only=True) for r in range(4)]
+    for rank, g in enumerate(got):  # DDP's first step is one bucket; the second has those of bucket_mb
+        kinds = [e[0] for e in g["steps"][1]["events"]]
+        last_input_grad = len(kinds) - 1 - kinds[::-1].index("input grad")
+        assert "reduce" in kinds and kinds.index("reduce") < last_input_grad, (rank, kinds)  # during backward
+        assert kinds.count("reduce") > 2, (rank, kinds)
+    for rank, g in enumerate(got):
+        for step, s in enumerate(g["steps"], 1):
+            reduced = [e[1:] for e in s["events"] if e[0] == "reduce"]
+            for key, (ptr, size) in s["grads"].items():
+                covering = [b for b in reduced if b[0] <= ptr and ptr + size <= b[0] + b[1]]
+                assert len(covering) == 1, (rank, step, key, len(covering))
+            assert sum(b[1] for b in reduced) == sum(size for _, size in s["grads"].values()), (rank, step)
+    for a, b in ((0, 2), (1, 3)):  # the same part in both model groups: trained on other images, kept equal
+        for key, w in got[a]["weights"].items():
+            assert torch.equal(w, got[b]["weights"][key]), key
+
+
 # -- train.py end to end --------------------------------------------------------------------------------
 
 def run(train_data, run_dir, **extra):
@@ -113,6 +175,11 @@ LAYOUTS = {  # name: overrides; every one has a global batch of 8
     "fc M=4": {"parallel.model": "fc", "parallel.model_size": 4, "train.batch_size": 2},
     "columns R=2 x M=2, gradients": {"parallel.model": "columns", "parallel.model_size": 2, "parallel.replicas": 2,
                                      "train.batch_size": 4, "parallel.exchange": "gradients"},
+    "columns R=2 x M=2, gradients, 2 slices": {"parallel.model": "columns", "parallel.model_size": 2,
+                                               "parallel.replicas": 2, "train.batch_size": 4,
+                                               "parallel.exchange": "gradients", "train.slices": 2},
+    "fc R=2 x M=2, gradients, 2 slices": {"parallel.model": "fc", "parallel.model_size": 2, "parallel.replicas": 2,
+                                          "train.batch_size": 2, "parallel.exchange": "gradients", "train.slices": 2},
     "columns R=2 x M=2, weights": {"parallel.model": "columns", "parallel.model_size": 2, "parallel.replicas": 2,
                                    "train.batch_size": 4, "parallel.exchange": "weights", "train.momentum": 0.0},
     "fc R=2 x M=2, weights": {"parallel.model": "fc", "parallel.model_size": 2, "parallel.replicas": 2,
@@ -168,7 +235,7 @@ def test_benchmark_counts_match_the_cost_model(name):
 
     from tests.conftest import REPO
     sys.path.insert(0, str(REPO / "scripts"))
-    import bench_parallel as bp
+    from bench import parallel as bp
     _, r, m, mode = next(layout for layout in bp.LAYOUTS if layout[0] == name)
     args = types.SimpleNamespace(batch_size=8, width=0.125, precision="fp32", steps=1, warmup=1, repeat=1)
     row = bp.measure(name, r, m, mode, args, ["cpu"] * 2)

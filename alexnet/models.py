@@ -14,7 +14,7 @@ from collections import OrderedDict
 import torch
 from torch import nn
 
-from layers import LRN, AdaptiveAvgPool, Dropout, MaxPool
+from layers import LRN_FORMS, AdaptiveAvgPool, Dropout, MaxPool, make_lrn
 
 ARCHS = ("alexnet", "caffenet", "owt")
 INITS = ("paper", "torch")
@@ -68,16 +68,19 @@ def _relu() -> nn.ReLU:
 
 
 class AlexNet(nn.Module):
-    """Krizhevsky et al. (2012) / BVLC AlexNet: conv, ReLU, LRN, max-pool in blocks 1 and 2."""
+    """Krizhevsky et al. (2012) / BVLC AlexNet: conv, ReLU, LRN, max-pool in blocks 1 and 2.
+
+    lrn: the LRN constants, "paper" (k=2, alpha not divided by n) or "caffe" (k=1, alpha / n; the BVLC weights).
+    """
 
     pool_before_norm = False
 
     def __init__(
         self, num_classes: int = 1000, width: float = 1.0, dropout: float = 0.5, crop: int = 227,
-        dropout_style: str = "inverted",
+        dropout_style: str = "inverted", lrn: str = "paper",
     ) -> None:
         super().__init__()
-        self.crop = crop
+        self.crop, self.lrn = crop, lrn
         # Every conv either is grouped or feeds a grouped conv, so all widths stay even.
         c1, c2, c3, c4, c5 = (_channels(c, width, _GROUPS) for c in (96, 256, 384, 384, 256))
         hidden = _channels(4096, width)
@@ -104,7 +107,7 @@ class AlexNet(nn.Module):
     ) -> list[tuple[str, nn.Module]]:
         tail: list[tuple[str, nn.Module]] = []
         if norm:
-            tail.append((f"norm{i}", LRN()))
+            tail.append((f"norm{i}", make_lrn(self.lrn)))
         if pool:
             tail.append((f"pool{i}", MaxPool(3, 2)))
         if self.pool_before_norm:
@@ -123,11 +126,12 @@ class CaffeNet(AlexNet):
 
 
 class OWTAlexNet(nn.Module):
-    """torchvision's AlexNet (Krizhevsky 2014, "one weird trick"); same state-dict keys."""
+    """torchvision's AlexNet (Krizhevsky 2014, "one weird trick"); same state-dict keys. No LRN: `lrn` is
+    accepted for a uniform signature and has no effect."""
 
     def __init__(
         self, num_classes: int = 1000, width: float = 1.0, dropout: float = 0.5, crop: int = 224,
-        dropout_style: str = "inverted",
+        dropout_style: str = "inverted", lrn: str = "paper",
     ) -> None:
         super().__init__()
         self.crop = crop  # informational: the adaptive pool makes the layers crop-independent
@@ -187,11 +191,13 @@ def _check_int(key: str, value: object, low: int) -> int:
 
 
 def _validate(
-    arch: str, num_classes: int, width: float, dropout: float, crop: int, init: str
+    arch: str, num_classes: int, width: float, dropout: float, crop: int, init: str, lrn: str
 ) -> None:
     _check_arch(arch)
     if init not in INITS:
         raise ValueError(f"unknown model.init {init!r}; valid: {', '.join(INITS)}")
+    if lrn not in LRN_FORMS:
+        raise ValueError(f"unknown model.lrn {lrn!r}; valid: {', '.join(LRN_FORMS)}")
     _check_int("model.num_classes", num_classes, 1)
     if not (isinstance(width, (int, float)) and math.isfinite(width) and width > 0):
         raise ValueError(f"model.width must be a positive finite number, got {width!r}")
@@ -210,11 +216,13 @@ def build_model(
     crop: int = 227,
     init: str = "paper",
     dropout_style: str = "inverted",
+    lrn: str = "paper",
 ) -> nn.Module:
     """Build ``arch`` for ``crop`` x ``crop`` inputs; ``init``: "paper" (default) or "torch";
-    ``dropout_style``: "inverted" (PyTorch's) or "theano" (scaled at test time; layers/dropout.py)."""
-    _validate(arch, num_classes, width, dropout, crop, init)
-    model = _CLASSES[arch](int(num_classes), float(width), float(dropout), int(crop), dropout_style)
+    ``dropout_style``: "inverted" (PyTorch's) or "theano" (scaled at test time; layers/dropout.py);
+    ``lrn``: "paper" (default) or "caffe" (layers/lrn.py; owt has no LRN)."""
+    _validate(arch, num_classes, width, dropout, crop, init, lrn)
+    model = _CLASSES[arch](int(num_classes), float(width), float(dropout), int(crop), dropout_style, lrn)
     if init == "paper":
         init_paper_(model)
     return model

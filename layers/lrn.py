@@ -1,8 +1,11 @@
-"""Local response normalisation in the form of Krizhevsky et al. (2012).
+"""Local response normalisation, in the form of Krizhevsky et al. (2012) or of Caffe.
 
 The paper writes b_i = a_i / (k + alpha * sum_{j in window(i)} a_j^2)^beta, with alpha NOT divided
-by the window size n. torch's ``local_response_norm`` divides alpha by n, so ``LRN`` passes
-``alpha * size`` to it: the result is the paper's formula computed by the framework's own op.
+by the window size n, and k = 2 (so do pylearn2 and the Theano reproduction). Caffe (and so the BVLC
+weights) computes b_i = a_i / (k + (alpha / n) * sum a_j^2)^beta with k = 1: ``LRN_FORMS`` names the
+two, ``make_lrn`` builds either. torch's ``local_response_norm`` divides alpha by n, so ``LRN`` passes
+``coeff * size`` to it (coeff: the factor of the window sum): the result is the chosen formula
+computed by the framework's own op.
 
 That op sums the window with ``avg_pool3d``, whose CUDA backward adds with atomics (and raises in
 torch's deterministic mode). Under ``torch.use_deterministic_algorithms(True)`` (``train.deterministic``)
@@ -24,10 +27,14 @@ def _check_size(size: int) -> None:
 
 
 class LRN(nn.Module):
-    """Cross-channel LRN, paper constants by default (k=2, n=5, alpha=1e-4, beta=0.75)."""
+    """Cross-channel LRN, paper constants by default (k=2, n=5, alpha=1e-4, beta=0.75).
+
+    divide_by_size: multiply the window sum by alpha / size (Caffe's form) instead of alpha (the paper's).
+    """
 
     def __init__(
-        self, size: int = 5, alpha: float = 1e-4, beta: float = 0.75, k: float = 2.0
+        self, size: int = 5, alpha: float = 1e-4, beta: float = 0.75, k: float = 2.0,
+        divide_by_size: bool = False,
     ) -> None:
         super().__init__()
         _check_size(size)
@@ -35,19 +42,31 @@ class LRN(nn.Module):
         self.alpha = float(alpha)
         self.beta = float(beta)
         self.k = float(k)
+        self.divide_by_size = bool(divide_by_size)
+        self.coeff = self.alpha / size if divide_by_size else self.alpha  # the factor of the window sum
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if torch.are_deterministic_algorithms_enabled():
-            return x / (self.k + self.alpha * channel_window_sum(x * x, self.size)) ** self.beta
-        # torch computes k + (alpha' / n) * sum: alpha' = alpha * n gives the paper's denominator.
-        alpha = self.alpha * self.size
-        return F.local_response_norm(x, self.size, alpha=alpha, beta=self.beta, k=self.k)
+            return x / (self.k + self.coeff * channel_window_sum(x * x, self.size)) ** self.beta
+        # torch computes k + (alpha' / n) * sum: alpha' = coeff * n gives our denominator.
+        return F.local_response_norm(x, self.size, alpha=self.coeff * self.size, beta=self.beta, k=self.k)
 
     def extra_repr(self) -> str:
-        return (
-            f"size={self.size}, alpha={self.alpha}, beta={self.beta}, k={self.k}"
-            " (paper form: alpha not divided by size)"
-        )
+        form = "caffe form: alpha divided by size" if self.divide_by_size else "paper form: alpha not divided by size"
+        return f"size={self.size}, alpha={self.alpha}, beta={self.beta}, k={self.k} ({form})"
+
+
+# model.lrn: the paper's (and pylearn2's, and the Theano weights') constants, or Caffe's (the BVLC weights).
+LRN_FORMS = ("paper", "caffe")
+
+
+def make_lrn(form: str = "paper") -> LRN:
+    """The LRN of `form` (one of LRN_FORMS), with n=5, alpha=1e-4, beta=0.75."""
+    if form == "paper":
+        return LRN()
+    if form == "caffe":
+        return LRN(k=1.0, divide_by_size=True)
+    raise ValueError(f"unknown LRN form {form!r}; valid: {', '.join(LRN_FORMS)}")
 
 
 def channel_window_sum(x: torch.Tensor, size: int) -> torch.Tensor:
@@ -77,19 +96,22 @@ def lrn_with_halo(x: torch.Tensor, left: torch.Tensor, right: torch.Tensor, lrn:
     if left.shape[1] != half or right.shape[1] != half:
         raise ValueError(f"LRN halo must be {half} channels each side, got {left.shape[1]} and {right.shape[1]}")
     squares = torch.cat([left, x, right], dim=1) ** 2
-    return x / (lrn.k + lrn.alpha * _window_sum_padded(squares, lrn.size, x.shape[1])) ** lrn.beta
+    return x / (lrn.k + lrn.coeff * _window_sum_padded(squares, lrn.size, x.shape[1])) ** lrn.beta
 
 
 def lrn_reference(
-    x: torch.Tensor, size: int = 5, alpha: float = 1e-4, beta: float = 0.75, k: float = 2.0
+    x: torch.Tensor, size: int = 5, alpha: float = 1e-4, beta: float = 0.75, k: float = 2.0,
+    divide_by_size: bool = False,
 ) -> torch.Tensor:
-    """Literal paper formula (for tests): explicit, zero-padded, centred channel-window sum.
+    """Literal formula (for tests): explicit, zero-padded, centred channel-window sum.
 
-    ``x`` is (N, C, ...); channel i sums a_j^2 for j from max(0, i - n//2) to min(C-1, i + n//2).
+    ``x`` is (N, C, ...); channel i sums a_j^2 for j from max(0, i - n//2) to min(C-1, i + n//2), times
+    alpha (the paper) or alpha / n (`divide_by_size`, Caffe).
     """
     _check_size(size)
     half = size // 2
     squares = (x * x).movedim(1, -1)  # channels last so pad/unfold act on one trailing dim
     padded = F.pad(squares, (half, half))  # zeros stand in for the channels beyond the edges
     window_sum = padded.unfold(-1, size, 1).sum(-1).movedim(-1, 1)
-    return x / (k + alpha * window_sum) ** beta
+    coeff = alpha / size if divide_by_size else alpha
+    return x / (k + coeff * window_sum) ** beta

@@ -1,8 +1,10 @@
 #!/usr/bin/env python3
-"""Convert weights between the Theano reproduction's .npy folders and this repository's .pt files.
+"""Convert weights between the Theano reproduction's .npy folders and this repository's .pt files, and
+BVLC Caffe models (.caffemodel) to our training checkpoints.
 
-The direction follows SRC: a folder is read as a Theano folder and written as a .pt file; a file
-(our checkpoint, weights file, or a caffenet state dict) is written as a Theano folder.
+The direction follows SRC: a folder is read as a Theano folder and written as a .pt file; a .caffemodel
+is written as a .pt file; another file (our checkpoint, weights file, or a caffenet state dict) is
+written as a Theano folder.
 
 Theano epoch -> our weights file (evaluable with scripts/evaluate.py):
 
@@ -18,6 +20,13 @@ Our checkpoint (arch caffenet) -> a Theano folder (weights, mom_* from its veloc
 the lr of the next epoch), epoch = the checkpoint's completed epochs unless --epoch:
 
     python scripts/convert_weights.py runs/caffenet/checkpoints/epoch_020.pt theano_run/
+
+BVLC Caffe model (V1 or V2 file; arch from the layer order: bvlc_alexnet -> alexnet, bvlc_reference_caffenet
+-> caffenet; Caffe's LRN as model.lrn=caffe; conv1's channels reversed from BGR to RGB) -> our training
+checkpoint at epoch 0 with zero momentum, from which train.py fine-tunes (the schedule starts afresh):
+
+    python scripts/convert_weights.py bvlc_alexnet.caffemodel bvlc_alexnet.pt
+    python train.py configs/alexnet_1gpu.yaml run.resume_from=bvlc_alexnet.pt model.lrn=caffe
 
 --theano-conv: the Theano run's lib_conv (cudnn, the default and the released weights' setting, is a
 true convolution: kernels are flipped on the way; cudaconvnet is not). --dropout-style: theano (default
@@ -35,7 +44,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from alexnet.checkpoint import CheckpointError, load, save_atomic  # noqa: E402
 from alexnet.models import ARCHS  # noqa: E402
-from alexnet.weights.convert import theano_checkpoint, to_theano  # noqa: E402
+from alexnet.weights.caffe import is_caffemodel  # noqa: E402
+from alexnet.weights.convert import caffe_checkpoint, theano_checkpoint, to_theano  # noqa: E402
 from alexnet.weights.theano import read_theano, write_theano  # noqa: E402
 from alexnet.weights.theano_layout import THEANO_CONVS  # noqa: E402
 
@@ -44,7 +54,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter,
                                 epilog="\n".join(__doc__.splitlines()[2:]))
-    p.add_argument("src", help="a Theano weights folder, or our .pt checkpoint / weights / caffenet state_dict")
+    p.add_argument("src", help="a Theano weights folder, a BVLC .caffemodel, or our .pt checkpoint / weights / "
+                   "caffenet state_dict")
     p.add_argument("dst", help="the .pt file to write (from a folder), or the Theano folder to write into")
     p.add_argument("--epoch", type=int, help="folder -> .pt: the epoch to read (default: the highest); "
                    ".pt -> folder: the epoch to write as (default: the checkpoint's completed epochs)")
@@ -56,24 +67,34 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--momentum", action="store_true", help="folder -> .pt: a training checkpoint with the "
                    "velocities (mom_*) and lr_E.npy, for train.py run.resume_from=")
     p.add_argument("--arch", choices=ARCHS, help=".pt -> folder: the arch of a plain state_dict (only caffenet "
-                   "exports)")
+                   "exports); .caffemodel: the arch it must hold (default: inferred)")
     p.add_argument("--lr", type=float, help=".pt -> folder: the lr to write as lr_E.npy (default: the "
                    "checkpoint's lr for the next epoch)")
     p.add_argument("--force", action="store_true", help="replace existing output files")
     return p.parse_args(argv)
 
 
-def from_theano(args: argparse.Namespace) -> str:
-    """Theano folder -> our .pt; returns the summary line."""
-    misplaced = [name for name, value in (("--arch", args.arch), ("--lr", args.lr)) if value is not None]
-    if misplaced:
-        verb = "applies" if len(misplaced) == 1 else "apply"
-        raise ValueError(f"{', '.join(misplaced)} {verb} when writing a Theano folder, not when reading {args.src}")
+def _check_pt_destination(args: argparse.Namespace, what: str) -> Path:
     dst = Path(args.dst)
     if dst.is_dir():
-        raise ValueError(f"{dst} is a folder; reading the Theano folder {args.src} writes a .pt file")
+        raise ValueError(f"{dst} is a folder; reading the {what} {args.src} writes a .pt file")
     if dst.exists() and not args.force:
         raise ValueError(f"{dst}: exists (pass --force to replace it)")
+    return dst
+
+
+def _refuse(args: argparse.Namespace, names: tuple[str, ...], when: str) -> None:
+    given = {name: getattr(args, name.lstrip("-").replace("-", "_")) for name in names}
+    misplaced = [name for name, value in given.items() if value is not None and value is not False]
+    if misplaced:
+        verb = "applies" if len(misplaced) == 1 else "apply"
+        raise ValueError(f"{', '.join(misplaced)} {verb} {when}, not when reading {args.src}")
+
+
+def from_theano(args: argparse.Namespace) -> str:
+    """Theano folder -> our .pt; returns the summary line."""
+    _refuse(args, ("--arch", "--lr"), "when writing a Theano folder")
+    dst = _check_pt_destination(args, "Theano folder")
     style = args.dropout_style or "theano"
     te = read_theano(args.src, args.epoch, momentum=args.momentum)
     obj = theano_checkpoint(te, args.theano_conv, style)
@@ -106,12 +127,31 @@ def to_folder(args: argparse.Namespace) -> str:
             f"{te.width:g}, {te.num_classes} classes, conv {args.theano_conv}")
 
 
+def from_caffe(args: argparse.Namespace) -> str:
+    """BVLC .caffemodel -> our training checkpoint; returns the summary line."""
+    _refuse(args, ("--epoch", "--dropout-style", "--momentum", "--lr"), "to Theano folders")
+    if args.theano_conv != "cudnn":
+        raise ValueError(f"--theano-conv applies to Theano folders, not when reading {args.src}")
+    dst = _check_pt_destination(args, "Caffe model")
+    obj = caffe_checkpoint(args.src, args.arch)
+    save_atomic(obj, dst)
+    m = obj["config"]["model"]
+    config = "configs/caffenet.yaml" if m["arch"] == "caffenet" else "configs/alexnet_1gpu.yaml"
+    return (f"wrote {dst}: training checkpoint (epoch 0, no momentum) of {args.src} ({obj['source']['version']} "
+            f"file), {m['arch']} width {m['width']:g}, {m['num_classes']} classes, LRN caffe, conv1 channels "
+            f"reversed to RGB\nfine-tune with: python train.py {config} run.resume_from={dst} model.lrn=caffe"
+            + (f" model.width={m['width']:g}" if m["width"] != 1 else ""))
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     try:
         if not Path(args.src).exists():
             raise ValueError(f"{args.src}: no such file or folder")
-        line = from_theano(args) if Path(args.src).is_dir() else to_folder(args)
+        if Path(args.src).is_dir():
+            line = from_theano(args)
+        else:
+            line = from_caffe(args) if is_caffemodel(args.src) else to_folder(args)
     # FormatError and ConfigError are ValueErrors; CheckpointError: an unreadable .pt.
     except (CheckpointError, OSError, ValueError) as e:
         print(f"convert_weights.py: error: {e}", file=sys.stderr)

@@ -17,11 +17,16 @@ state_dict     a plain state dict of our ``alexnet``/            state_dict     
 theano         Ding et al.'s folder of per-layer ``.npy``        theano (files),       read_theano,
                files, one set per epoch                          theano_layout         load_weights
                                                                  (arrays)              / write_theano
+caffe          BVLC's ``.caffemodel`` (protobuf NetParameter,    caffe (mapping),      load_weights,
+               V1 or V2): bvlc_alexnet = our ``alexnet``,        caffe_proto (file)    convert
+               bvlc_reference_caffenet = ``caffenet``, with
+               Caffe's LRN (``model.lrn: caffe``)
 =============  ================================================  ====================  ====================
 
 Beside them: ``common`` (FormatError, safe .npy reading, strict loading, width and crop inference:
-what every format uses), ``mean_image`` (mean image files for evaluation), ``convert`` (Theano epochs
-<-> our files, for scripts/convert_weights.py) and ``load`` (detect + load_weights, for evaluation).
+what every format uses), ``mean_image`` (mean image files for evaluation: .npy, Caffe's .binaryproto),
+``convert`` (Theano epochs <-> our files, Caffe models -> our checkpoints, for scripts/convert_weights.py)
+and ``load`` (detect + load_weights, for evaluation).
 Imports point one way: common <- the formats <- convert, load; nothing here imports the trainer.
 
 Every ``.npy`` is read with ``allow_pickle=False``; every ``.pt`` with ``torch.load(weights_only=True)``.

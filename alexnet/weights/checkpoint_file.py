@@ -40,7 +40,7 @@ def _read(path, state: dict, arch: str | None, width: float | None, source: str)
         raise FormatError(f"{path} is a checkpoint of arch {m.arch!r}, not {arch!r}; omit --arch")
     if width is not None and width != m.width:
         raise FormatError(f"{path} is a checkpoint of width {m.width}, not {width}")
-    model = new_model(m.arch, int(state["num_classes"]), m.width, d.crop, m.dropout, m.dropout_style)
+    model = new_model(m.arch, int(state["num_classes"]), m.width, d.crop, m.dropout, m.dropout_style, m.lrn)
     load_strict(model, state["model"], path)
     info = weights_info(m.arch, m.width, d.crop, d.mean, state["num_classes"], source, d.channel_mean,
                         d.channel_std, state.get("classes"))

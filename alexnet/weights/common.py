@@ -118,10 +118,11 @@ def infer_width(path, arch: str, state: dict, num_classes: int, crop: int,
 
 
 def new_model(arch: str, num_classes: int, width: float, crop: int, dropout: float = 0.5,
-              dropout_style: str = "inverted") -> nn.Module:
+              dropout_style: str = "inverted", lrn: str = "paper") -> nn.Module:
     """A model to load weights into."""
     with torch.random.fork_rng(devices=[]):  # initial values are overwritten: leave the caller's RNG alone
-        return build_model(arch, num_classes, width, dropout, crop, init="torch", dropout_style=dropout_style)
+        return build_model(arch, num_classes, width, dropout, crop, init="torch", dropout_style=dropout_style,
+                           lrn=lrn)
 
 
 def load_strict(model: nn.Module, state: dict, path) -> None:

@@ -15,7 +15,7 @@ from torch import nn
 
 from ..checkpoint import load
 from ..models import ARCHS
-from . import checkpoint_file, state_dict, theano, torchvision
+from . import caffe, checkpoint_file, state_dict, theano, torchvision
 from .common import Contents, FormatError, first_few, unwrap_state
 
 
@@ -30,6 +30,7 @@ class FileFormat(NamedTuple):
 
 # Tried in this order: the first format whose test accepts a file reads it.
 FILE_FORMATS = (
+    FileFormat("caffe", caffe.is_caffemodel, caffe.read_caffemodel),  # protobuf: told by name or first bytes
     FileFormat("checkpoint", checkpoint_file.is_checkpoint, checkpoint_file.read_checkpoint),
     FileFormat("weights", checkpoint_file.is_weights_file, checkpoint_file.read_weights_file),
     FileFormat("torchvision", torchvision.is_torchvision, torchvision.read_torchvision),

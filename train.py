@@ -8,25 +8,31 @@
     torchrun --nnodes=2 --nproc-per-node=8 --rdzv-backend=c10d --rdzv-endpoint=HOST0:29500 \
         train.py configs/alexnet_8gpu_goyal.yaml             # 2 hosts x 8 GPUs: one replica per process
 
-The run directory (run.dir) receives config.yaml (the resolved config), metrics.jsonl, tb/ (TensorBoard,
-if installed) and checkpoints/ (last.pt, best.pt, epoch_NNN.pt). Re-running the same command resumes
-from checkpoints/last.pt, mid-epoch included. Ctrl-C (or SIGTERM) writes a checkpoint and stops.
-Exit codes: 0 done, 1 failed (e.g. the loss became NaN), 2 bad config or data, 128+N stopped by signal N.
+The run directory (run.dir) receives config.yaml (the resolved config; a different earlier one is kept as
+config.prev-N.yaml), metrics.jsonl, tb/ (TensorBoard, if installed), checkpoints/ (last.pt, best.pt,
+epoch_NNN.pt) and .lock (held while a run uses the directory: a second run into it is refused).
+Re-running the same command resumes from checkpoints/last.pt, mid-epoch included. Ctrl-C (or SIGTERM)
+writes a checkpoint and stops.
+Exit codes: 0 done, 1 failed (e.g. the loss became NaN, disk full), 2 bad config, data or path (e.g. run.dir
+read-only or in use by another run), 128+N stopped by signal N (130: Ctrl-C before training started).
 """
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import signal
 import sys
-from pathlib import Path
 
 from alexnet.checkpoint import CheckpointError
-from alexnet.config import Config, ConfigError, dump_yaml, load_config, summary
-from alexnet.distributed import DistInfo, print0, setup, teardown
-from alexnet.launch import launch_local
+from alexnet.config import Config, ConfigError, load_config, summary
+from alexnet.distributed import print0, setup, teardown
+from alexnet.launch import launch_local, report_gave_up
+from alexnet.preflight import check_run
+from alexnet.rundir import ENV_LOCK_FD, hold, lock_holder_here
 from alexnet.trainer import NonFiniteLoss, StopFlag, Trainer
-from data.batchfile import atomic_write_bytes
+from data.batchfile import BatchFileError
+from data.fsutil import os_error_exit_code, os_error_message
 from data.layouts import DataError
 from data.slot_loader import LoaderError
 
@@ -37,13 +43,6 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("config", help="YAML config (see configs/); states only what differs from the defaults")
     p.add_argument("overrides", nargs="*", default=[], help="optional dotted overrides, e.g. train.lr=0.02")
     return p.parse_args(argv)
-
-
-def write_run_config(cfg: Config, dist: DistInfo) -> None:
-    if dist.is_main:
-        run = Path(cfg.run.dir)
-        run.mkdir(parents=True, exist_ok=True)
-        atomic_write_bytes(run / "config.yaml", dump_yaml(cfg).encode())
 
 
 def install_signal_handlers(stop: StopFlag) -> None:
@@ -66,18 +65,18 @@ def run_replica(cfg: Config, config_path: str) -> int:
             print0(info, f"parallel.replicas={cfg.parallel.replicas} is ignored: the launcher started {info.world} "
                          f"processes, {info.replicas} replica(s) of {info.model_size}")
         print0(info, f"config {config_path} (differences from the paper defaults):\n{summary(cfg)}")
-        write_run_config(cfg, info)
         install_signal_handlers(stop)
         result = Trainer(cfg, info, stop).fit()
-    except (ConfigError, DataError) as e:
+    except (ConfigError, DataError, BatchFileError) as e:
         print(f"train.py: error: {e}", file=sys.stderr)
         return 2
     except (NonFiniteLoss, LoaderError, CheckpointError) as e:
         print(f"train.py: error: {e}", file=sys.stderr)
-        return 1
+        return os_error_exit_code(e.__cause__) if isinstance(e.__cause__, OSError) else 1
     except RuntimeError as e:  # a collective failed: a peer died or hung past parallel.timeout
         if info is None or not info.distributed:
             raise
+        report_gave_up(info.rank)
         print(f"train.py: replica rank {info.rank}: {e}", file=sys.stderr)
         return 1
     teardown(info, cfg.parallel.timeout)
@@ -89,20 +88,35 @@ def run_replica(cfg: Config, config_path: str) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Check, lock run.dir, then train here or launch the replicas; returns the exit code."""
     args = parse_args(argv)
     try:
         cfg = load_config(args.config, args.overrides)
-    except ConfigError as e:
+        local = cfg.parallel.replicas * cfg.parallel.model_size if "WORLD_SIZE" not in os.environ else 1
+        with hold(cfg.run.dir) if lock_holder_here() else contextlib.nullcontext() as lock_fd:
+            if ENV_LOCK_FD not in os.environ:  # not a replica of our launcher, which checked already
+                check_run(cfg, int(os.environ.get("WORLD_SIZE", local)))
+            if local > 1:
+                return launch(cfg, args, local, lock_fd)
+            return run_replica(cfg, args.config)
+    except (ConfigError, DataError) as e:
         print(f"train.py: error: {e}", file=sys.stderr)
         return 2
-    processes = cfg.parallel.replicas * cfg.parallel.model_size
-    if "WORLD_SIZE" not in os.environ and processes > 1:
-        what = f"{cfg.parallel.replicas} replica(s)"
-        if cfg.parallel.model_size > 1:
-            what += f" x {cfg.parallel.model_size} ({cfg.parallel.model} model parallel)"
-        print(f"train.py: starting {processes} processes on this host: {what}", flush=True)
-        return launch_local(__file__, [args.config, *args.overrides], processes, cfg.parallel.timeout)
-    return run_replica(cfg, args.config)
+    except OSError as e:  # the operating system refused: read-only or full run.dir, ...
+        print(f"train.py: error: {os_error_message(e)}", file=sys.stderr)
+        return os_error_exit_code(e)
+    except KeyboardInterrupt:  # before training started, or a second Ctrl-C: no checkpoint
+        print("train.py: interrupted; stopped without writing a checkpoint", file=sys.stderr)
+        return 128 + signal.SIGINT
+
+
+def launch(cfg: Config, args: argparse.Namespace, processes: int, lock_fd: int) -> int:
+    """Start the processes of this host; they inherit run.dir's lock."""
+    what = f"{cfg.parallel.replicas} replica(s)"
+    if cfg.parallel.model_size > 1:
+        what += f" x {cfg.parallel.model_size} ({cfg.parallel.model} model parallel)"
+    print(f"train.py: starting {processes} processes on this host: {what}", flush=True)
+    return launch_local(__file__, [args.config, *args.overrides], processes, cfg.parallel.timeout, lock_fd)
 
 
 def exit_process(code: int) -> None:

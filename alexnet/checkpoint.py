@@ -7,13 +7,17 @@ Loading always uses ``torch.load(weights_only=True)``: a checkpoint is data, nev
 """
 from __future__ import annotations
 
+import errno
 import os
 import re
 import threading
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import torch
+
+from data.fsutil import os_error_in, os_error_message
 
 CHECKPOINT_KIND = "alexnet-checkpoint"  # the "kind" key of a training checkpoint
 EPOCH_FILE = re.compile(r"^epoch_(\d+)\.pt$")
@@ -35,7 +39,11 @@ def _fsync_dir(path: Path) -> None:
 
 
 def save_atomic(obj: dict, path: str | os.PathLike) -> None:
-    """torch.save to a temporary file, fsync, then rename over `path`."""
+    """torch.save to a temporary file, fsync, then rename over `path`.
+
+    A failed write leaves no temporary file and raises the OSError behind it, naming `path` (torch
+    reports a full disk as "RuntimeError: ... unexpected pos", saying neither the file nor why).
+    """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
@@ -45,9 +53,42 @@ def save_atomic(obj: dict, path: str | os.PathLike) -> None:
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
+    except (OSError, RuntimeError) as e:
+        cause = os_error_in(e) or _full_disk(path.parent)
+        if cause is None:
+            raise
+        raise OSError(cause.errno, cause.strerror, str(path)) from e
     finally:
         tmp.unlink(missing_ok=True)
     _fsync_dir(path.parent)
+
+
+def _full_disk(folder: Path) -> OSError | None:
+    """ENOSPC if `folder`'s file system has no space left (when torch hid the write's error)."""
+    try:
+        full = os.statvfs(folder).f_bavail == 0
+    except OSError:
+        return None
+    return OSError(errno.ENOSPC, os.strerror(errno.ENOSPC)) if full else None
+
+
+def first_non_finite(tensors: Any, name: str = "") -> str | None:
+    """The name of the first floating-point tensor holding NaN or inf in a nested dict/list of tensors
+    (a state dict, a checkpoint), e.g. "model.conv1.weight"; None if all are finite."""
+    if isinstance(tensors, torch.Tensor):
+        bad = tensors.is_floating_point() and not bool(torch.isfinite(tensors).all())
+        return (name or "tensor") if bad else None
+    if isinstance(tensors, dict):
+        items = tensors.items()
+    elif isinstance(tensors, (list, tuple)):
+        items = enumerate(tensors)
+    else:
+        return None
+    for key, value in items:
+        found = first_non_finite(value, f"{name}.{key}" if name else str(key))
+        if found is not None:
+            return found
+    return None
 
 
 def _link_atomic(src: Path, dst: Path) -> None:
@@ -155,7 +196,13 @@ class CheckpointDir:
                               + " (move the run directory away to start afresh, or set run.dir)")
 
     def save(self, state: dict, epoch_done: bool, is_best: bool) -> Path:
-        """Write `state` as last.pt; also as epoch_NNN.pt at an epoch end and as best.pt if best."""
+        """Write `state` as last.pt; also as epoch_NNN.pt at an epoch end and as best.pt if best.
+
+        Never weights that are not finite: a resume would start from them (the trainer stops before).
+        """
+        bad = first_non_finite({k: state[k] for k in ("model", "optimizer") if k in state})
+        if bad is not None:
+            raise CheckpointError(f"not writing a checkpoint to {self.root}: {bad} holds NaN or inf")
         self.root.mkdir(parents=True, exist_ok=True)
         if epoch_done:
             path = self.root / f"epoch_{state['epoch']:03d}.pt"
@@ -221,4 +268,5 @@ class BackgroundWriter:
         self._thread = None
         if self._error is not None:
             error, self._error = self._error, None
-            raise CheckpointError(f"writing a checkpoint failed: {type(error).__name__}: {error}") from error
+            what = os_error_message(error) if isinstance(error, OSError) else f"{type(error).__name__}: {error}"
+            raise CheckpointError(f"writing a checkpoint failed: {what}") from error

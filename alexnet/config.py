@@ -11,6 +11,8 @@ Unknown keys and wrong types fail with :class:`ConfigError`, naming the key and 
 from __future__ import annotations
 
 import dataclasses
+import math
+import re
 import types
 import typing
 from dataclasses import dataclass, field
@@ -51,6 +53,8 @@ class ModelConfig:
                                      # test time (the paper; continues a converted Theano run exactly)
     num_classes: int | None = None  # default: the dataset's
     init: str = "paper"            # paper: N(0, 0.01) etc. as the Theano reproduction; torch: PyTorch's
+    lrn: str = "paper"             # paper: k=2, alpha not divided by n (the paper, pylearn2, the Theano
+                                   # weights); caffe: k=1, alpha/n (the BVLC weights; layers/lrn.py)
 
 
 @dataclass
@@ -135,6 +139,7 @@ CHOICES: dict[str, tuple] = {
     "model.arch": ("alexnet", "caffenet", "owt"),
     "model.init": ("paper", "torch"),
     "model.dropout_style": ("inverted", "theano"),
+    "model.lrn": ("paper", "caffe"),
     "train.lr_policy": ("step", "auto", "cosine", "constant"),
     "train.precision": ("fp32", "tf32", "bf16"),
     "train.lr_scaling": ("none", "linear"),
@@ -142,13 +147,93 @@ CHOICES: dict[str, tuple] = {
     "parallel.transport": ("auto", "ipc", "nccl", "gloo"),
     "parallel.model": ("fc", "columns"),
 }
-POSITIVE = ("data.crop", "data.loader_timeout", "train.epochs", "train.batch_size", "train.log_every",
-            "train.val_every", "train.lr_auto_patience", "model.width", "train.slices", "train.lr_ref_batch",
-            "parallel.replicas", "parallel.model_size", "parallel.exchange_every", "parallel.bucket_mb",
-            "parallel.timeout", "run.checkpoint_timeout")
-NON_NEGATIVE = ("data.shuffle_window", "data.val_batch_size", "train.lr", "train.momentum", "train.weight_decay",
-                "train.bias_lr_mult", "train.bias_decay_mult", "train.lr_min", "train.warmup_epochs",
-                "train.max_steps", "train.lr_auto_threshold", "run.keep_last", "run.save_every_steps")
+MAX_SECONDS = 30 * 86400  # timeouts: torch.distributed and timedelta overflow long before "never"
+
+
+@dataclass(frozen=True)
+class Range:
+    """An interval a numeric key must lie in (validate() refuses NaN and inf before asking)."""
+
+    low: float
+    high: float = math.inf
+    low_open: bool = False
+    high_open: bool = False
+
+    def __contains__(self, v: float) -> bool:
+        above = v > self.low if self.low_open else v >= self.low
+        below = v < self.high if self.high_open else v <= self.high
+        return above and below
+
+    def describe(self) -> str:
+        """What a value must do, as in "must be positive"."""
+        if self.high == math.inf:
+            if self.low == 0:
+                return "be positive" if self.low_open else "not be negative"
+            return f"be {'greater than' if self.low_open else 'at least'} {_number(self.low)}"
+        left, right = "(" if self.low_open else "[", ")" if self.high_open else "]"
+        return f"be in {left}{_number(self.low)}, {_number(self.high)}{right}"
+
+
+def _number(x: float) -> str:
+    return str(int(x)) if float(x).is_integer() and abs(x) < 1e16 else f"{x:g}"
+
+
+POSITIVE, NON_NEGATIVE, COUNT = Range(0, low_open=True), Range(0), Range(1)
+FRACTION, SECONDS = Range(0, 1, high_open=True), Range(0, MAX_SECONDS, low_open=True)
+# Every numeric key (list keys: each element). tests/test_config.py checks that none is missing.
+RANGES: dict[str, Range] = {
+    "data.crop": COUNT, "data.shuffle_window": NON_NEGATIVE, "data.channel_mean": Range(0, 1),
+    "data.channel_std": POSITIVE, "data.slots": Range(2), "data.loader_timeout": SECONDS,
+    "data.val_batch_size": NON_NEGATIVE,
+    "model.width": POSITIVE, "model.dropout": FRACTION, "model.num_classes": COUNT,
+    "train.epochs": COUNT, "train.batch_size": COUNT, "train.lr": POSITIVE, "train.momentum": FRACTION,
+    "train.weight_decay": NON_NEGATIVE, "train.bias_lr_mult": NON_NEGATIVE, "train.bias_decay_mult": NON_NEGATIVE,
+    "train.lr_steps": COUNT, "train.lr_gamma": Range(0, 1, low_open=True), "train.lr_auto_threshold": FRACTION,
+    "train.lr_auto_patience": COUNT, "train.lr_min": NON_NEGATIVE, "train.warmup_epochs": NON_NEGATIVE,
+    "train.warmup_start_factor": Range(0, 1), "train.seed": Range(0, 2**63, high_open=True),
+    "train.slices": COUNT, "train.lr_ref_batch": COUNT, "train.log_every": COUNT, "train.val_every": COUNT,
+    "train.max_steps": NON_NEGATIVE,
+    "run.keep_last": NON_NEGATIVE, "run.save_every_steps": NON_NEGATIVE, "run.checkpoint_timeout": SECONDS,
+    "parallel.replicas": COUNT, "parallel.model_size": COUNT, "parallel.exchange_every": COUNT,
+    "parallel.bucket_mb": POSITIVE, "parallel.timeout": SECONDS,
+}
+
+
+class DuplicateKeyError(yaml.YAMLError):
+    """A YAML mapping that states one key twice."""
+
+
+class ConfigLoader(yaml.SafeLoader):
+    """yaml.SafeLoader plus two fixes for configs: ``1e-3`` is a float (YAML 1.1 wants ``1.0e-3``, and
+    reads ``1e-3`` as a string), and a key given twice in one mapping is an error, not "the last wins"."""
+
+    def construct_mapping(self, node: yaml.Node, deep: bool = False) -> dict:
+        if isinstance(node, yaml.MappingNode):
+            lines: dict[Any, int] = {}
+            for key_node, _ in node.value:
+                if key_node.tag == "tag:yaml.org,2002:merge":  # "<<: *base" overrides on purpose
+                    continue
+                key = self.construct_object(key_node, deep=True)
+                line = key_node.start_mark.line + 1
+                try:
+                    first = lines.get(key)
+                except TypeError:  # an unhashable key: SafeLoader's own error follows
+                    continue
+                if first is not None:
+                    where = f"lines {first} and {line}" if first != line else f"both on line {line}"
+                    raise DuplicateKeyError(f"key {key!r} is given twice in one mapping ({where}); keep one")
+                lines[key] = line
+        return super().construct_mapping(node, deep)
+
+
+ConfigLoader.add_implicit_resolver(
+    "tag:yaml.org,2002:float", re.compile(r"^[-+]?(?:[0-9][0-9_]*(?:\.[0-9_]*)?|\.[0-9_]+)[eE][-+]?[0-9]+$"),
+    list("-+0123456789."))
+
+
+def read_yaml(text: str | bytes) -> Any:
+    """YAML with ConfigLoader (safe: plain data only)."""
+    return yaml.load(text, Loader=ConfigLoader)  # noqa: S506 (ConfigLoader is a SafeLoader)
 
 
 def _sections(cfg: Config) -> dict[str, Any]:
@@ -200,34 +285,39 @@ def get(cfg: Config, dotted: str) -> Any:
     return getattr(getattr(cfg, section), key)
 
 
+def _numbers(value: Any) -> list:
+    return [v for v in (value if isinstance(value, list) else [value]) if v is not None]
+
+
 def validate(cfg: Config) -> None:
-    """Value checks that types cannot express."""
+    """Value checks that types cannot express: choices, every number's range, and relations."""
     for key, allowed in CHOICES.items():
         if get(cfg, key) not in allowed:
             raise ConfigError(f"{key} must be one of {', '.join(map(str, allowed))}, got {get(cfg, key)!r}")
-    for key in POSITIVE:
-        if not get(cfg, key) > 0:
-            raise ConfigError(f"{key} must be positive, got {get(cfg, key)!r}")
-    for key in NON_NEGATIVE:
-        if get(cfg, key) < 0:
-            raise ConfigError(f"{key} must not be negative, got {get(cfg, key)!r}")
-    if cfg.data.slots < 2:
-        raise ConfigError(f"data.slots must be at least 2, got {cfg.data.slots}")
-    if not 0 <= cfg.model.dropout < 1:
-        raise ConfigError(f"model.dropout must be in [0, 1), got {cfg.model.dropout}")
-    if cfg.train.lr_steps != sorted(cfg.train.lr_steps):
-        raise ConfigError(f"train.lr_steps must be increasing, got {cfg.train.lr_steps}")
-    if len(cfg.data.channel_mean) != 3 or len(cfg.data.channel_std) != 3 or min(cfg.data.channel_std) <= 0:
-        raise ConfigError("data.channel_mean and data.channel_std must be 3 values each, std positive")
-    if cfg.model.num_classes is not None and cfg.model.num_classes < 1:
-        raise ConfigError(f"model.num_classes must be positive, got {cfg.model.num_classes}")
-    if cfg.train.batch_size % cfg.train.slices:
-        raise ConfigError(f"train.batch_size={cfg.train.batch_size} is not divisible by train.slices="
-                          f"{cfg.train.slices}")
-    if cfg.parallel.exchange == "gradients" and cfg.parallel.transport == "ipc":
-        raise ConfigError("parallel.transport=ipc exchanges weights only; gradients use nccl, gloo or auto")
+    for key, allowed in RANGES.items():
+        for v in _numbers(get(cfg, key)):
+            if not math.isfinite(v):
+                raise ConfigError(f"{key} must be a finite number, got {v!r}")
+            if v not in allowed:
+                raise ConfigError(f"{key} must {allowed.describe()}, got {v!r}")
+    _validate_relations(cfg)
     if not cfg.data.root:
         raise ConfigError("data.root is not set: point it to a scripts/preprocess.py output folder")
+
+
+def _validate_relations(cfg: Config) -> None:
+    """Checks between keys."""
+    t = cfg.train
+    if any(a >= b for a, b in zip(t.lr_steps, t.lr_steps[1:])):
+        raise ConfigError(f"train.lr_steps must be increasing, got {t.lr_steps}")
+    if t.lr_policy == "cosine" and t.lr_min > t.lr:
+        raise ConfigError(f"train.lr_min={t.lr_min:g} is above train.lr={t.lr:g}: cosine would raise the lr")
+    if len(cfg.data.channel_mean) != 3 or len(cfg.data.channel_std) != 3:
+        raise ConfigError("data.channel_mean and data.channel_std must be 3 values each (R, G, B)")
+    if t.batch_size % t.slices:
+        raise ConfigError(f"train.batch_size={t.batch_size} is not divisible by train.slices={t.slices}")
+    if cfg.parallel.exchange == "gradients" and cfg.parallel.transport == "ipc":
+        raise ConfigError("parallel.transport=ipc exchanges weights only; gradients use nccl, gloo or auto")
 
 
 def parse_override(text: str) -> tuple[str, Any]:
@@ -236,22 +326,29 @@ def parse_override(text: str) -> tuple[str, Any]:
     if not sep or "." not in key:
         raise ConfigError(f"override {text!r} must look like section.key=value (e.g. train.lr=0.02)")
     try:
-        return key.strip(), yaml.safe_load(raw) if raw.strip() else ""
+        return key.strip(), read_yaml(raw) if raw.strip() else ""
     except yaml.YAMLError as e:
         raise ConfigError(f"override {text!r}: value is not valid YAML ({e})") from None
+
+
+def _read_config_file(path: Path) -> Any:
+    if not path.is_file():
+        raise ConfigError(f"config file {path} does not exist")
+    try:
+        return read_yaml(path.read_bytes()) or {}
+    except DuplicateKeyError as e:
+        raise ConfigError(f"{path}: {e}") from None
+    except yaml.YAMLError as e:
+        raise ConfigError(f"{path}: not valid YAML ({e})") from None
+    except OSError as e:
+        raise ConfigError(f"config file {path} cannot be read ({e.strerror})") from None
 
 
 def load_config(path: str | Path | None, overrides: list[str] = ()) -> Config:
     """Defaults, then the YAML file, then the overrides; validated."""
     cfg = Config()
     if path is not None:
-        path = Path(path)
-        if not path.is_file():
-            raise ConfigError(f"config file {path} does not exist")
-        try:
-            data = yaml.safe_load(path.read_text()) or {}
-        except yaml.YAMLError as e:
-            raise ConfigError(f"{path}: not valid YAML ({e})") from None
+        data = _read_config_file(Path(path))
         if not isinstance(data, dict):
             raise ConfigError(f"{path}: the top level must be a mapping of sections")
         apply(cfg, data, str(path))

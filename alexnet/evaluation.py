@@ -19,8 +19,10 @@ import contextlib
 import csv
 import math
 import os
+import sys
 from collections.abc import Iterator
 from pathlib import Path
+from typing import NamedTuple
 
 import numpy as np
 import torch
@@ -30,18 +32,23 @@ from tqdm import tqdm
 
 from data.augment import Normalizer, center_crops, ten_crops
 from data.batchfile import open_batch_file
+from data.meta import check_files, class_difference
 from data.reader import BatchReader, SplitData
 
+from .checkpoint import first_non_finite
 from .metrics import topk_correct
 from .precision import autocast_for
 from .weights.common import crop_for_side
 from .weights.load import load_weights
+from .weights.mean_image import CAFFE_CHANNEL_MEAN_BGR, caffe_channel_mean, read_mean_image
 
 PRECISIONS = ("fp32", "tf32", "bf16")
+CONFUSION_PAIRS = 20  # how many of the most frequent (true, predicted) pairs the record lists
 CSV_HEADER = ("name", "label", "pred1", "pred2", "pred3", "pred4", "pred5", "correct1", "correct5",
-              "prob1", "prob2", "prob3", "prob4", "prob5")
-__all__ = ["CSV_HEADER", "PRECISIONS", "check_compatible", "crop_for_side", "evaluate", "load_weights",
-           "make_normalizer", "precision_mode", "predict_log_probs", "read_names"]
+              "prob1", "prob2", "prob3", "prob4", "prob5", "label_wnid", "label_name",
+              *(f"pred{k}_{what}" for k in range(1, 6) for what in ("wnid", "name")))
+__all__ = ["CSV_HEADER", "PRECISIONS", "check_compatible", "class_words", "crop_for_side", "evaluate", "load_weights",
+           "make_normalizer", "precision_mode", "predict_log_probs", "prepare", "read_names"]
 
 
 # -- data and model together --------------------------------------------------------------------------
@@ -56,12 +63,10 @@ def check_compatible(info: dict, data: SplitData, weights: str | os.PathLike = "
     if info["crop"] > data.image_size:
         raise ValueError(f"{weights}: the model takes {info['crop']}x{info['crop']} crops, larger than the "
                          f"{data.image_size}x{data.image_size} images of {where}")
-    classes, ours = info.get("classes"), list(data.meta.get("classes", []))
+    classes, ours = info.get("classes"), list(data.meta["classes"])
     if classes is not None and list(classes) != ours:
-        i = next((i for i, (a, b) in enumerate(zip(classes, ours)) if a != b), min(len(classes), len(ours)))
-        raise ValueError(f"{weights}: the model's classes differ from those of {data.root} (first at index {i}: "
-                         f"{classes[i] if i < len(classes) else None!r} vs {ours[i] if i < len(ours) else None!r}); "
-                         "its label numbers would mean other classes")
+        raise ValueError(f"{weights}: the model's classes differ from those of {data.root} "
+                         f"({class_difference(list(classes), ours)}); its label numbers would mean other classes")
 
 
 def make_normalizer(info: dict, data: SplitData, device: torch.device | str = "cpu",
@@ -85,6 +90,47 @@ def make_normalizer(info: dict, data: SplitData, device: torch.device | str = "c
     # split's reader when present, else the evaluated split's (both read <root>/mean.npy).
     source = SplitData(data.root, "train") if "train" in data.meta["splits"] else data
     return Normalizer("image", source.mean_image(), device=device)
+
+
+class Prepared(NamedTuple):
+    """Weights checked against a split, with the normalisation they were trained with."""
+
+    model: nn.Module  # eval mode, on the CPU
+    info: dict  # load_weights' info
+    data: SplitData
+    normalizer: Normalizer
+    mean: str  # what is subtracted: the mean file given, "caffe_channel" or "data"
+
+
+def prepare(weights: str | os.PathLike, root: str | os.PathLike, split: str = "val", *, arch: str | None = None,
+            epoch: int | None = None, theano_conv: str | None = None, mean: str | None = None,
+            device: torch.device | str = "cpu", prog: str = "evaluate.py") -> Prepared:
+    """Load `weights` (any format), refuse non-finite ones, check them against `split` of the preprocessed
+    `root` and its files, and build their normaliser on `device`: the `mean` image file if given, Caffe's
+    per-channel mean for Caffe weights without one, else the data's. Notes go to stderr, prefixed `prog`.
+
+    Raises CheckpointError or ValueError naming the file at fault.
+    """
+    model, info = load_weights(weights, arch, epoch=epoch, theano_conv=theano_conv)
+    bad = first_non_finite(model.state_dict())
+    if bad is not None:
+        raise ValueError(f"{weights}: {bad} holds NaN or inf (the first tensor that does): these weights are "
+                         "not usable")
+    data = SplitData(root, split)
+    check_compatible(info, data, weights)
+    caffe_mean = info["source"] == "caffe" and not mean  # Caffe's per-channel mean, not the data's
+    check_files(data.root, data.meta, (split,), mean=info["mean"] == "image" and not mean and not caffe_mean)
+    image = read_mean_image(mean, data.image_size) if mean else None
+    if caffe_mean:
+        image = caffe_channel_mean(data.image_size)
+        print(f"{prog}: note: subtracting Caffe's per-channel mean (B, G, R) = {CAFFE_CHANNEL_MEAN_BGR}; pass "
+              "--mean imagenet_mean.binaryproto (BVLC's mean image) for BVLC's published numbers", file=sys.stderr)
+    if image is None and info["source"] == "theano":
+        print(f"{prog}: warning: {weights} was trained with its run's own mean image (img_mean.npy); "
+              f"subtracting {root}'s mean.npy instead; pass --mean img_mean.npy for the paper's numbers",
+              file=sys.stderr)
+    normalizer = make_normalizer(info, data, device, image)
+    return Prepared(model, info, data, normalizer, mean or ("caffe_channel" if caffe_mean else "data"))
 
 
 # -- evaluation -----------------------------------------------------------------------------------
@@ -144,7 +190,10 @@ def evaluate(model: nn.Module, data: SplitData, crop: int, normalizer: Normalize
     """top1_err, top5_err, loss (mean NLL of the averaged probabilities), n, crops over the whole split.
 
     Images are read in file order; with `csv_path`, one row per image (written atomically):
-    CSV_HEADER, the probabilities being those averaged over the views.
+    CSV_HEADER, the probabilities being those averaged over the views, the classes named by wnid and
+    words (meta.json's class_names; empty where the data has none). ``per_class``: each class's wnid,
+    name, image count and errors (None without images). ``confusions``: the CONFUSION_PAIRS most frequent
+    (true class, top-1 prediction) pairs of distinct classes (see _confusion_record).
     """
     device = torch.device(device)
     if len(data) == 0:
@@ -155,6 +204,9 @@ def evaluate(model: nn.Module, data: SplitData, crop: int, normalizer: Normalize
     model = model.to(device).eval()
     reader = BatchReader(data, batch_size, shuffle=False, drop_last=False)
     sums = torch.zeros(3, dtype=torch.float64, device=device)  # loss, top-1 hits, top-5 hits
+    per_class = torch.zeros(3, data.num_classes, dtype=torch.float64, device=device)  # images, top-1/5 hits
+    confusion = torch.zeros(data.num_classes ** 2, dtype=torch.int64, device=device)  # [true * C + top-1]
+    wnids, words = class_words(data.meta)
     with (_csv_rows(csv_path) as rows, torch.no_grad(), precision_mode(precision, device),
           tqdm(total=len(data), unit="img", desc="evaluate", disable=not progress, dynamic_ncols=True) as bar):
         for step in range(reader.steps_per_epoch()):
@@ -165,12 +217,59 @@ def evaluate(model: nn.Module, data: SplitData, crop: int, normalizer: Normalize
             _check_outputs(logp, data)
             hits = topk_correct(logp, y)
             sums += torch.stack([-logp.gather(1, y[:, None]).sum().double(), *hits.double()])
+            _count_per_class(per_class, logp, y)
+            confusion += torch.bincount(y * data.num_classes + logp.argmax(1), minlength=confusion.numel())
             if rows is not None:
-                _write_rows(rows, read_names(data, indices), labels, logp)
+                _write_rows(rows, read_names(data, indices), labels, logp, wnids, words)
             bar.update(len(indices))
     loss, top1, top5 = (float(v) for v in sums.cpu())
     n = len(data)
-    return {"top1_err": 1 - top1 / n, "top5_err": 1 - top5 / n, "n": n, "crops": crops, "loss": loss / n}
+    return {"top1_err": 1 - top1 / n, "top5_err": 1 - top5 / n, "n": n, "crops": crops, "loss": loss / n,
+            "per_class": _per_class_record(per_class.cpu().numpy(), wnids, words),
+            "confusions": _confusion_record(confusion.view(data.num_classes, -1).cpu().numpy(), wnids, words)}
+
+
+def class_words(meta: dict) -> tuple[list[str], list[str]]:
+    """The wnid and words of each class of a preprocessed folder (words empty where meta.json has none)."""
+    wnids = [str(c) for c in meta.get("classes", [])]
+    words = meta.get("class_names")
+    if not isinstance(words, list) or len(words) != len(wnids):
+        words = [""] * len(wnids)
+    return wnids, [str(w) for w in words]
+
+
+def _count_per_class(counts: torch.Tensor, logp: torch.Tensor, y: torch.Tensor) -> None:
+    top = logp.topk(min(5, logp.shape[1]), dim=1).indices
+    hits = torch.stack([torch.ones_like(y, dtype=torch.float64), (top[:, 0] == y).double(),
+                        (top == y[:, None]).any(1).double()])
+    counts.index_add_(1, y, hits)
+
+
+def _per_class_record(counts: np.ndarray, wnids: list[str], words: list[str]) -> list[dict]:
+    out = []
+    for i, (n, top1, top5) in enumerate(counts.T):
+        out.append({"index": i, "wnid": wnids[i] if i < len(wnids) else "", "name": words[i] if i < len(words) else "",
+                    "n": int(n), "top1_err": 1 - top1 / n if n else None, "top5_err": 1 - top5 / n if n else None})
+    return out
+
+
+def _confusion_record(matrix: np.ndarray, wnids: list[str], words: list[str],
+                      most: int = CONFUSION_PAIRS) -> list[dict]:
+    """The `most` largest off-diagonal counts of `matrix` (true class x top-1 prediction), most first
+    (ties: by true, then predicted index): both classes (index, wnid, words), the count, and its share
+    of the true class's images."""
+    off = matrix.copy()
+    np.fill_diagonal(off, 0)
+    cells = np.flatnonzero(off)
+    cells = cells[np.lexsort((cells, -off.flat[cells]))][:most]
+    n_true = matrix.sum(axis=1)
+
+    def named(c: int, role: str) -> dict:
+        return {role: c, f"{role}_wnid": wnids[c] if c < len(wnids) else "",
+                f"{role}_name": words[c] if c < len(words) else ""}
+
+    return [{**named(int(t), "label"), **named(int(p), "pred"), "count": int(off[t, p]),
+             "share": float(off[t, p] / n_true[t])} for t, p in (divmod(int(c), matrix.shape[1]) for c in cells)]
 
 
 def _check_outputs(logp: torch.Tensor, data: SplitData) -> None:
@@ -198,12 +297,19 @@ def _csv_rows(path: str | os.PathLike | None) -> Iterator[csv.writer | None]:
         tmp.unlink(missing_ok=True)
 
 
-def _write_rows(writer, names: list[str], labels: np.ndarray, logp: torch.Tensor) -> None:
-    """name, label, top-5 classes, correct1/5, then the (view-averaged) probability of each top-5 class."""
+def _write_rows(writer, names: list[str], labels: np.ndarray, logp: torch.Tensor, wnids: list[str],
+                words: list[str]) -> None:
+    """name, label, top-5 classes, correct1/5, the (view-averaged) probability of each top-5 class, then
+    the wnid and words of the true class and of each prediction."""
     k = min(5, logp.shape[1])
     top = logp.topk(k, dim=1)
     probs = top.values.double().exp().cpu().numpy()
     pad = [""] * (5 - k)  # fewer than 5 classes: empty prediction and probability columns
+
+    def named(c: int) -> list[str]:
+        return [wnids[c], words[c]] if c < len(wnids) else ["", ""]
+
     for name, label, preds, p in zip(names, labels.tolist(), top.indices.cpu().numpy().tolist(), probs):
         writer.writerow([name, label, *preds, *pad, int(preds[0] == label), int(label in preds),
-                         *(f"{v:.7g}" for v in p), *pad])
+                         *(f"{v:.7g}" for v in p), *pad, *named(label),
+                         *(v for c in preds for v in named(c)), *pad, *pad])

@@ -5,11 +5,12 @@ torchrun would set (RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE, MASTER_ADDR,
 launches share one initialisation path (alexnet/distributed.py). The launcher then watches them:
 
 - a replica that exits with an error makes the launcher stop the others at once (SIGKILL: the last
-  checkpoint is safe, every write is atomic) and report which rank failed and how;
+  checkpoint is safe, every write is atomic) and report which rank failed and how; a replica that
+  failed by itself (its own error, or a signal such as the out-of-memory killer's) is named as such;
 - each replica reports through a pipe (the heartbeat) every time it enters a collective operation, with
-  a count of those it entered so far; replicas blocked on a hung peer time out after ``parallel.timeout``
-  and exit, and the launcher names the rank that fell behind (it never arrived where the others wait),
-  not the one whose timeout fired first;
+  a count of those it entered so far; replicas blocked on a hung peer time out after ``parallel.timeout``,
+  say so through the pipe and exit, and the launcher names the rank that fell behind (it never arrived
+  where the others wait), not the one whose timeout fired first;
 - Ctrl-C / SIGTERM are forwarded once to every replica, which checkpoint together and stop.
 """
 from __future__ import annotations
@@ -26,8 +27,9 @@ import threading
 import time
 
 ENV_HEARTBEAT = "ALEXNET_HEARTBEAT_FD"
+ENV_LOCK_FD = "ALEXNET_RUN_LOCK_FD"  # run.dir's lock, held by the launcher and inherited (alexnet/rundir.py)
 _RECORD = struct.Struct("<iqb")  # rank, collectives entered, kind
-_PROGRESS, _ALIVE = 0, 1
+_PROGRESS, _ALIVE, _GAVE_UP = 0, 1, 2
 LIVE_EVERY = 1.0  # seconds between a replica's "alive" records
 
 
@@ -46,10 +48,10 @@ class Heartbeat:
     one that went silent (stopped, or hung holding the interpreter) is the one the others wait for.
     """
 
-    def __init__(self, rank: int):
+    def __init__(self, rank: int, live: bool = True):
         fd = os.environ.get(ENV_HEARTBEAT)
         self.fd, self.rank, self.count = (int(fd) if fd else None), rank, 0
-        if self.fd is not None:
+        if self.fd is not None and live:
             threading.Thread(target=self._live, name="heartbeat", daemon=True).start()
 
     def arrive(self) -> None:
@@ -73,16 +75,25 @@ class Heartbeat:
             self._send(_ALIVE)
 
 
+def report_gave_up(rank: int) -> None:
+    """Tell the launcher (if any) that this replica stops because a collective failed: a peer died or
+    hung, so the launcher looks for that peer instead of blaming this one."""
+    Heartbeat(rank, live=False)._send(_GAVE_UP)
+
+
 def _how(code: int) -> str:
+    if code == -signal.SIGKILL:
+        return ("was killed by signal 9 (SIGKILL; if no one sent it, the kernel's out-of-memory killer did: too "
+                "many processes for this machine's memory?)")
     if code < 0:
         return f"was killed by signal {-code} ({signal.Signals(-code).name})"
-    return f"exited with code {code}"
+    return f"exited with code {code} (its own error, printed above)"
 
 
 class Launcher:
     """Start and watch the replicas of one host."""
 
-    def __init__(self, script: str, argv: list[str], replicas: int, timeout: float):
+    def __init__(self, script: str, argv: list[str], replicas: int, timeout: float, lock_fd: int | None = None):
         self.timeout = timeout
         read_fd, write_fd = os.pipe()
         os.set_blocking(write_fd, False)
@@ -95,13 +106,17 @@ class Launcher:
             env = {**os.environ, "OMP_NUM_THREADS": threads, "RANK": str(rank), "LOCAL_RANK": str(rank),
                    "WORLD_SIZE": str(replicas), "LOCAL_WORLD_SIZE": str(replicas), "MASTER_ADDR": "127.0.0.1",
                    "MASTER_PORT": str(port), ENV_HEARTBEAT: str(write_fd)}
+            fds = (write_fd,)
+            if lock_fd is not None:  # run.dir's lock: held while any replica lives, even if we die
+                env[ENV_LOCK_FD], fds = str(lock_fd), (write_fd, lock_fd)
             # A session of their own: a terminal's Ctrl-C reaches the launcher only, which forwards it
             # exactly once (a replica treats a second Ctrl-C as "stop without checkpoint").
-            self.procs.append(subprocess.Popen([sys.executable, script, *argv], env=env, pass_fds=(write_fd,),
+            self.procs.append(subprocess.Popen([sys.executable, script, *argv], env=env, pass_fds=fds,
                                                start_new_session=True))
         os.close(write_fd)
         self.counts = [0] * replicas
         self.beaten = [False] * replicas
+        self.gave_up = [False] * replicas  # stopped because a collective failed (a peer's fault)
         self.progress_at = time.monotonic()
         self.seen_at = [time.monotonic()] * replicas  # the last record of any kind, per rank
 
@@ -111,18 +126,23 @@ class Launcher:
                 p.send_signal(signum)
 
     def _read_heartbeats(self, wait: float) -> None:
-        ready, _, _ = select.select([self.read_fd], [], [], wait)
-        if not ready:
-            return
-        data = os.read(self.read_fd, _RECORD.size * 1024)
-        for i in range(0, len(data) - len(data) % _RECORD.size, _RECORD.size):
-            rank, count, kind = _RECORD.unpack_from(data, i)
-            if 0 <= rank < len(self.counts):
-                self.counts[rank] = max(self.counts[rank], count)
-                self.seen_at[rank] = time.monotonic()
-                if kind == _PROGRESS:
-                    self.beaten[rank] = True
-                    self.progress_at = time.monotonic()
+        """Read the records waiting in the pipe (all of them: with many replicas a read may not drain it)."""
+        while select.select([self.read_fd], [], [], wait)[0]:
+            data = os.read(self.read_fd, _RECORD.size * 1024)
+            if not data:
+                return
+            for i in range(0, len(data) - len(data) % _RECORD.size, _RECORD.size):
+                self._record(*_RECORD.unpack_from(data, i))
+            wait = 0
+
+    def _record(self, rank: int, count: int, kind: int) -> None:
+        if 0 <= rank < len(self.counts):
+            self.counts[rank] = max(self.counts[rank], count)
+            self.seen_at[rank] = time.monotonic()
+            self.gave_up[rank] |= kind == _GAVE_UP
+            if kind == _PROGRESS:
+                self.beaten[rank] = True
+                self.progress_at = time.monotonic()
 
     def _culprit(self, failed: int) -> str:
         """Who to blame: a rank that fell behind the others, else the one that failed."""
@@ -164,9 +184,12 @@ class Launcher:
         while True:
             self._read_heartbeats(0.2)
             codes = [p.poll() for p in self.procs]
-            for rank, code in enumerate(codes):
-                if code not in (None, 0, 128 + signal.SIGINT, 128 + signal.SIGTERM):
-                    return self._failed(rank, code)
+            failed = [r for r, code in enumerate(codes) if code not in (None, 0, 128 + signal.SIGINT,
+                                                                        128 + signal.SIGTERM)]
+            if failed:
+                self._read_heartbeats(0)
+                first = next((r for r in failed if not self.gave_up[r]), failed[0])  # a cause before an effect
+                return self._failed(first, codes[first])
             if all(c is not None for c in codes):
                 return max(codes)
             # Replicas stuck on a peer time out by themselves (parallel.timeout) and exit; this is the
@@ -178,11 +201,12 @@ class Launcher:
                 return 1
 
     def _failed(self, rank: int, code: int) -> int:
-        blame = self._culprit(rank)
+        blame = self._culprit(rank) if self.gave_up[rank] else ""  # else it failed by itself: name it
         msg = blame or f"replica rank {rank} (pid {self.procs[rank].pid}) {_how(code)}"
         print(f"train.py: {msg}; stopping the other replicas", file=sys.stderr, flush=True)
         return 1
 
 
-def launch_local(script: str, argv: list[str], replicas: int, timeout: float) -> int:
-    return Launcher(script, argv, replicas, timeout).run()
+def launch_local(script: str, argv: list[str], replicas: int, timeout: float, lock_fd: int | None = None) -> int:
+    """Start `replicas` copies of `script` and watch them (module docstring); they inherit `lock_fd`."""
+    return Launcher(script, argv, replicas, timeout, lock_fd).run()

@@ -62,8 +62,10 @@ class MetricsLog:
     def truncate_after(self, global_step: int) -> None:
         """Drop records past `global_step` (written after the checkpoint a run resumes from)."""
         self._file.close()
-        keep = [line for line in self.path.read_text().splitlines(keepends=True)
-                if line.strip() and json.loads(line)["iter"] <= global_step]
+        lines = self.path.read_text().splitlines(keepends=True)
+        if lines and not lines[-1].endswith("\n"):  # a record cut short (kill -9, full disk): never trusted
+            lines.pop()
+        keep = [line for line in lines if line.strip() and json.loads(line)["iter"] <= global_step]
         tmp = self.path.with_name(f".{self.path.name}.tmp")
         tmp.write_text("".join(keep))
         os.replace(tmp, self.path)

@@ -25,22 +25,21 @@ from data.reader import load_meta
 from data.slot_loader import SlotLoader
 
 from .checkpoint import CHECKPOINT_KIND, BackgroundWriter, CheckpointDir, CheckpointError, load, to_host
-from .config import Config, ConfigError, to_dict
+from .config import Config, ConfigError, dump_yaml, to_dict
 from .distributed import DistInfo, print0, slow_barrier
 from .launch import Heartbeat
 from .metrics import Meter, MetricsLog
 from .optim import LRSchedule
 from .precision import autocast_for, configure_backends
-from .replica import Layout, Replica
+from .preflight import check_resume, resolve_num_classes
+from .replica import MeshLayout, Replica
+from .rundir import write_config
 
 _NO_BAD_STEP = 2**62
-# Keys a checkpoint and the current config must agree on to resume (the model's shape and the data).
-RESUME_KEYS = (("model", "arch"), ("model", "width"), ("model", "num_classes"), ("model", "dropout_style"),
-               ("data", "crop"), ("data", "mean"))
 
 
 class NonFiniteLoss(RuntimeError):
-    """The loss became NaN or inf; the run stops without writing a checkpoint."""
+    """The loss (or, before a checkpoint, a weight) became NaN or inf; the run stops without saving."""
 
 
 class StopFlag:
@@ -57,7 +56,7 @@ class StopFlag:
         return self.signum is not None
 
 
-def loader_spec(cfg: Config, dist: DistInfo, layout: Layout, splits: tuple[str, ...]) -> LoaderSpec:
+def loader_spec(cfg: Config, dist: DistInfo, layout: MeshLayout, splits: tuple[str, ...]) -> LoaderSpec:
     d = cfg.data
     return LoaderSpec(root=d.root, batch_size=cfg.train.batch_size,
                       val_batch_size=d.val_batch_size or cfg.train.batch_size, crop=d.crop, rank=layout.reader_rank,
@@ -91,17 +90,6 @@ def set_rng_state(state: dict, device: torch.device) -> None:
     torch.set_rng_state(state["cpu"].cpu())
     if device.type == "cuda" and "cuda" in state:
         torch.cuda.set_rng_state(state["cuda"].cpu(), device)
-
-
-def resolve_num_classes(cfg: Config, meta: dict) -> int:
-    data_classes = int(meta["num_classes"])
-    if cfg.model.num_classes is not None and cfg.model.num_classes != data_classes:
-        raise ConfigError(f"model.num_classes={cfg.model.num_classes} but {cfg.data.root} has {data_classes} "
-                          "classes; remove model.num_classes to use the dataset's")
-    if cfg.data.crop > int(meta["image_size"]):
-        raise ConfigError(f"data.crop={cfg.data.crop} is larger than the images of {cfg.data.root} "
-                          f"({meta['image_size']}x{meta['image_size']})")
-    return data_classes
 
 
 class Trainer:
@@ -172,6 +160,10 @@ class Trainer:
         """Train (or resume) to train.epochs; returns the last validation metrics (or {})."""
         try:
             self.resume()
+            if self.dist.is_main:  # after resume's checks: a refused resume leaves the run's config as it was
+                kept = write_config(Path(self.cfg.run.dir), dump_yaml(self.cfg))
+                if kept is not None:
+                    print(f"config.yaml changed; the previous one is kept as {kept}", flush=True)
             self.barrier(self.cfg.parallel.timeout)  # replicas load at different speeds
             print0(self.dist, self.describe())
             if self.epoch >= self.cfg.train.epochs:
@@ -245,18 +237,36 @@ class Trainer:
         step = torch.full((), self.global_step, dtype=torch.int64, device=self.device)
         self.first_bad = torch.where(torch.isfinite(loss), self.first_bad, torch.minimum(self.first_bad, step))
 
-    def check_finite(self) -> None:
-        """Raise NonFiniteLoss naming the first step whose loss was NaN or inf (one host sync)."""
-        bad = self.first_bad.clone()
-        if self.dist.distributed:  # name the first bad step of any replica
+    def check_finite(self, weights: bool = False) -> None:
+        """Raise NonFiniteLoss naming the first step whose loss was NaN or inf, or (`weights`: before a
+        checkpoint) if any weight or velocity is; one host sync, agreed by all replicas."""
+        bad = torch.stack([self.first_bad, -self._weights_bad() if weights else torch.zeros_like(self.first_bad)])
+        if self.dist.distributed:  # the first bad step of any replica; -1 if any replica's weights are bad
             self.heartbeat.arrive()
             tdist.all_reduce(bad, op=tdist.ReduceOp.MIN)
-        bad = int(bad)
-        if bad != _NO_BAD_STEP:
-            epoch, it = divmod(bad, self.steps_per_epoch)
-            raise NonFiniteLoss(f"the loss became NaN or inf at step {bad + 1} (epoch {epoch + 1}, iteration "
-                                f"{it + 1}); stopped without saving, so {self.ckpt.last} is the last good "
-                                "checkpoint (lower train.lr, or check the data)")
+        step, weights_bad = int(bad[0]), int(bad[1]) < 0
+        if step == _NO_BAD_STEP and not weights_bad:
+            return
+        what = "the loss became NaN or inf at" if step != _NO_BAD_STEP else "the weights became NaN or inf by"
+        step = min(step, self.global_step - 1)
+        epoch, it = divmod(step, self.steps_per_epoch)
+        raise NonFiniteLoss(f"{what} step {step + 1} (epoch {epoch + 1}, iteration {it + 1}); stopped without "
+                            f"saving, {self._last_good()} (lower train.lr, or check the data)")
+
+    def _weights_bad(self) -> torch.Tensor:
+        """1 (int64, on the device) if a parameter or velocity of this process holds NaN or inf, else 0."""
+        tensors = [*self.model.parameters(), *(s["velocity"] for s in self.optimizer.state.values() if "velocity" in s)]
+        finite = torch.stack([torch.isfinite(t).all() for t in tensors]).all()
+        return (~finite).to(torch.int64)
+
+    def _last_good(self) -> str:
+        """What there is to go back to: the run's newest checkpoint, once its write has finished."""
+        try:
+            self.writer.wait(beat=self.heartbeat.beat)
+        except CheckpointError as e:
+            return f"and {e}"
+        found = self.ckpt.candidates()
+        return f"so {found[0]} is the last good checkpoint" if found else f"and {self.ckpt.root} holds no checkpoint"
 
     def reduce(self, sums: torch.Tensor) -> torch.Tensor:
         """Sum a metrics vector over replicas (exact counts: every replica adds its own images)."""
@@ -333,7 +343,7 @@ class Trainer:
                 "global_batch": self.global_batch, "best_top1_err": self.best_err, "elapsed": self.elapsed(),
                 "meter": self.reduce(self.meter.sums.clone()).cpu(), "rng": self.rng_states(),
                 "world": self.dist.world, "config": to_dict(self.cfg), "num_classes": self.num_classes,
-                "classes": list(self.meta["classes"])}
+                "classes": list(self.meta["classes"]), "image_size": int(self.meta["image_size"])}
 
     def save(self, epoch_done: bool, is_best: bool = False) -> None:
         """Checkpoint (every replica takes part, rank 0 writes); never after a non-finite loss.
@@ -342,7 +352,7 @@ class Trainer:
         all of them (a run that saves at the same steps does the same, so resuming stays exact).
         """
         self.wait_for_writer()
-        self.check_finite()
+        self.check_finite(weights=True)
         exchange = self.replica.exchange
         if exchange is not None and self.global_step % exchange.every:
             self.replica.average_now()
@@ -372,7 +382,10 @@ class Trainer:
         state, path = self._resume_state()
         if state is None:
             return
-        self._check_compatible(state, path)
+        if state.get("kind") != CHECKPOINT_KIND:
+            raise DataError(f"{path} is not a training checkpoint of this repository")
+        for change in check_resume(self.cfg, self.meta, state, path):
+            print0(self.dist, f"changed on resume: {change}")
         self.replica.load_full_state(state["model"], state["optimizer"])
         self.schedule.load_state_dict(state["schedule"])
         self.epoch, self.step = state["epoch"], self._resume_step(state, path)
@@ -421,17 +434,6 @@ class Trainer:
             print0(self.dist, f"warning: {path} continues at lr {lr:g}, but this config gives lr {ours:g} at "
                               f"epoch {self.epoch + 1}; training uses the config's (set train.lr / lr_steps, or "
                               "train.lr_policy=auto to adopt the file's)")
-
-    def _check_compatible(self, state: dict, path: Path) -> None:
-        if state.get("kind") != CHECKPOINT_KIND:
-            raise DataError(f"{path} is not a training checkpoint of this repository")
-        saved, defaults = state["config"], Config()
-        for section, key in RESUME_KEYS:
-            now = getattr(getattr(self.cfg, section), key)
-            was = saved[section].get(key, getattr(getattr(defaults, section), key))  # older checkpoints
-            if was != now and not (key == "num_classes" and now is None):
-                raise ConfigError(f"{path} was trained with {section}.{key}={was!r}, this config has "
-                                  f"{now!r}; use another run.dir or the same setting")
 
     def _resume_step(self, state: dict, path: Path) -> int:
         """The checkpoint's position in this run's steps (the global batch may have changed)."""

@@ -14,7 +14,6 @@ within a few files at a time.
 """
 from __future__ import annotations
 
-import json
 import os
 import sys
 from collections import OrderedDict
@@ -27,7 +26,6 @@ import numpy as np
 
 from .batchfile import (
     FORMAT_VERSION,
-    READABLE_VERSIONS,
     UPGRADE_COMMAND,
     BatchFileError,
     file_version,
@@ -36,27 +34,14 @@ from .batchfile import (
 )
 from .fastread import BufferPool, FileLayout, PreadFile, ReadPlan, default_threads, file_ident, read_layout
 from .layouts import DataError
+from .meta import read_mean, read_meta
 
 _noticed: set[str] = set()  # roots whose format-1 notice this process printed
 
 
 def load_meta(root: str | os.PathLike) -> dict:
-    """meta.json of a finished preprocessing output, with a clear error for anything else."""
-    root = Path(root)
-    if not root.is_dir():
-        raise DataError(f"data root {root} does not exist (set data.root to a preprocessed folder)")
-    path = root / "meta.json"
-    if not path.is_file():
-        raise DataError(f"{root} is not a finished preprocessing output: {path} is missing "
-                        "(run scripts/preprocess.py, or re-run it to finish)")
-    try:
-        meta = json.loads(path.read_text())
-    except json.JSONDecodeError as e:
-        raise DataError(f"{path}: not valid JSON ({e})") from None
-    if meta.get("format_version") not in READABLE_VERSIONS:
-        raise DataError(f"{path}: format_version {meta.get('format_version')}, this code reads "
-                        f"{' and '.join(map(str, READABLE_VERSIONS))}")
-    return meta
+    """meta.json of a finished preprocessing output, validated (data.meta.read_meta)."""
+    return read_meta(root)
 
 
 def _old_format_notice(root: Path, version: int) -> None:
@@ -112,14 +97,7 @@ class SplitData:
 
     def mean_image(self) -> np.ndarray:
         """The training mean image (float32, H x W x 3) written beside meta.json."""
-        path = self.root / self.meta.get("mean", "mean.npy")
-        try:
-            mean = np.load(path, allow_pickle=False)
-        except (OSError, ValueError) as e:
-            raise DataError(f"{path}: cannot read the mean image ({e})") from None
-        if mean.shape != (self.image_size, self.image_size, 3):
-            raise DataError(f"{path}: shape {mean.shape}, expected {(self.image_size, self.image_size, 3)}")
-        return mean.astype(np.float32)
+        return read_mean(self.root / self.meta.get("mean", "mean.npy"), self.image_size)
 
     def _check_process(self) -> None:
         if self._pid != os.getpid():  # forked: the parent's handles and threads are not ours

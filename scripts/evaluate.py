@@ -19,11 +19,20 @@ The Theano reproduction's weights (a folder of W_0_65.npy ... files; data prepro
 
     python scripts/evaluate.py --data imagenet256_warp --weights parameters_releasing --mean img_mean.npy
 
-Exit codes: 0 done, 2 bad input (missing or unreadable files, weights that do not fit the data).
+BVLC's Caffe models, bvlc_alexnet.caffemodel or bvlc_reference_caffenet.caffemodel (arch from the layer
+order, Caffe's LRN, crop 227; Caffe's BGR order is taken care of; BVLC's mean file, or without --mean
+Caffe's per-channel mean (B, G, R) = (104, 117, 123)):
+
+    python scripts/evaluate.py --data imagenet256 --weights bvlc_alexnet.caffemodel --mean imagenet_mean.binaryproto
+
+Exit codes: 0 done, 2 bad input (missing, damaged or unreadable files, weights that do not fit the data or
+hold NaN/inf, an unwritable --json/--csv), 1 a failure of the machine (disk full), 130 Ctrl-C (nothing
+written; earlier outputs stay as they were).
 """  # noqa: E501  (the torchvision command above is meant to be copied whole)
 from __future__ import annotations
 
 import argparse
+import signal
 import sys
 from pathlib import Path
 
@@ -31,12 +40,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from alexnet.checkpoint import CheckpointError  # noqa: E402
 from alexnet.distributed import pick_device  # noqa: E402
-from alexnet.evaluation import PRECISIONS, check_compatible, evaluate, load_weights, make_normalizer  # noqa: E402
+from alexnet.evaluation import PRECISIONS, evaluate, prepare  # noqa: E402
 from alexnet.models import ARCHS  # noqa: E402
-from alexnet.weights.mean_image import read_mean_image  # noqa: E402
 from alexnet.weights.theano_layout import THEANO_CONVS  # noqa: E402
-from data.batchfile import atomic_write_json  # noqa: E402
-from data.reader import SplitData  # noqa: E402
+from data.batchfile import BatchFileError, atomic_write_json  # noqa: E402
+from data.fsutil import check_writable, os_error_exit_code, os_error_message  # noqa: E402
 
 
 def _positive(text: str) -> int:
@@ -51,18 +59,21 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                                 formatter_class=argparse.RawDescriptionHelpFormatter,
                                 epilog="\n".join(__doc__.splitlines()[2:]))
     p.add_argument("--data", required=True, help="a scripts/preprocess.py output folder")
-    p.add_argument("--weights", required=True, help="checkpoint (.pt), state_dict file, or a Theano weights folder")
+    p.add_argument("--weights", required=True, help="checkpoint (.pt), state_dict file, a Theano weights folder, or a "
+                   "BVLC .caffemodel")
     p.add_argument("--arch", choices=ARCHS, help="needed only for plain alexnet/caffenet state dicts")
     p.add_argument("--epoch", type=_positive, help="Theano folder: the epoch to load (default: the highest)")
     p.add_argument("--theano-conv", choices=THEANO_CONVS, help="Theano folder: the run's lib_conv (default cudnn, "
                    "as the released weights: kernels are flipped; cudaconvnet: not flipped)")
-    p.add_argument("--mean", help="a mean image .npy, (3, S, S) as Theano's img_mean.npy or (S, S, 3), subtracted "
-                   "instead of the data's mean.npy (weights normalised by a mean image only)")
+    p.add_argument("--mean", help="a mean image .npy, (3, S, S) as Theano's img_mean.npy or (S, S, 3), or a Caffe "
+                   ".binaryproto (BGR, e.g. imagenet_mean.binaryproto), subtracted instead of the data's mean.npy "
+                   "(weights normalised by a mean image only)")
     p.add_argument("--crops", type=int, choices=(1, 10), default=1, help="1: center crop; 10: corners+center, "
                    "plain and mirrored, probabilities averaged (default 1)")
     p.add_argument("--json", help="write the results as JSON to this file")
     p.add_argument("--csv", help="write one row per image (name, label, top-5 predictions, correct1/5, "
-                   "prob1..prob5: the probability of each prediction, averaged over the crops)")
+                   "prob1..prob5: the probability of each prediction, averaged over the crops; then the wnid "
+                   "and words of the true class and of each prediction)")
     p.add_argument("--batch-size", type=_positive, default=100, help="images per forward pass (default 100)")
     p.add_argument("--device", default="auto", help="auto (cuda if present) | cpu | cuda | cuda:N")
     p.add_argument("--split", default="val", help="the split to evaluate (default val)")
@@ -79,21 +90,15 @@ def run(args: argparse.Namespace) -> dict:
         raise ValueError(str(e)) from None
     for out in (args.json, args.csv):
         if out:
-            Path(out).parent.mkdir(parents=True, exist_ok=True)  # fail now, not after the whole split
-    model, info = load_weights(args.weights, args.arch, epoch=args.epoch, theano_conv=args.theano_conv)
-    data = SplitData(args.data, args.split)
-    check_compatible(info, data, args.weights)
-    mean = read_mean_image(args.mean, data.image_size) if args.mean else None
-    if mean is None and info["source"] == "theano":
-        print(f"evaluate.py: warning: {args.weights} was trained with its run's own mean image (img_mean.npy); "
-              f"subtracting {args.data}'s mean.npy instead; pass --mean img_mean.npy for the paper's numbers",
-              file=sys.stderr)
-    normalizer = make_normalizer(info, data, device, mean)
+            check_writable(out)  # fail now, not after the whole split
+    model, info, data, normalizer, mean = prepare(args.weights, args.data, args.split, arch=args.arch, epoch=args.epoch,
+                                                  theano_conv=args.theano_conv, mean=args.mean, device=device)
     result = evaluate(model, data, info["crop"], normalizer, crops=args.crops, batch_size=args.batch_size,
                       device=device, csv_path=args.csv, progress=not args.no_progress, precision=args.precision)
     return {**result, "weights": str(args.weights), "data": str(args.data), "split": args.split,
             "arch": info["arch"], "width": info["width"], "crop": info["crop"], "source": info["source"],
-            "precision": args.precision, "device": str(device), "mean": args.mean or "data",
+            "precision": args.precision, "device": str(device),
+            "mean": mean,
             **{k: info[k] for k in ("epoch", "theano_conv") if k in info}}
 
 
@@ -102,9 +107,15 @@ def main(argv: list[str] | None = None) -> int:
     try:
         record = run(args)
     # DataError and ConfigError are ValueErrors; BatchFileError (a corrupt batch file) is an OSError.
-    except (CheckpointError, OSError, ValueError) as e:
+    except (CheckpointError, BatchFileError, ValueError) as e:
         print(f"evaluate.py: error: {e}", file=sys.stderr)
         return 2
+    except OSError as e:  # the operating system refused: unwritable --json/--csv, disk full, ...
+        print(f"evaluate.py: error: {os_error_message(e)}", file=sys.stderr)
+        return os_error_exit_code(e)
+    except KeyboardInterrupt:
+        print("evaluate.py: interrupted; nothing written (earlier outputs are unchanged)", file=sys.stderr)
+        return 128 + signal.SIGINT
     views = "1 crop" if record["crops"] == 1 else f"{record['crops']} crops"
     print(f"top-1 error {record['top1_err']:.4f}, top-5 error {record['top5_err']:.4f} on {record['n']} images "
           f"({views})")
@@ -112,8 +123,8 @@ def main(argv: list[str] | None = None) -> int:
         try:
             atomic_write_json(args.json, record)
         except OSError as e:
-            print(f"evaluate.py: error: cannot write {args.json} ({e})", file=sys.stderr)
-            return 2
+            print(f"evaluate.py: error: {os_error_message(e)}", file=sys.stderr)
+            return os_error_exit_code(e)
     return 0
 
 

@@ -44,16 +44,69 @@ def test_writer_runs_in_background_and_reports_failures():
     def fail():
         raise OSError(errno.ENOSPC, "No space left on device")
     writer.submit(fail)
-    with pytest.raises(CheckpointError, match="writing a checkpoint failed: OSError.*No space left"):
+    with pytest.raises(CheckpointError, match=r"writing a checkpoint failed: disk full \(no space left on device\)"):
         writer.wait()
     writer.wait()  # reported once
+
+
+@pytest.fixture
+def tiny_disk(tmp_path):
+    """A 1 MiB tmpfs (root only; skipped elsewhere): a disk that fills up for real."""
+    import subprocess
+    where = tmp_path / "disk"
+    where.mkdir()
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(where)], capture_output=True).returncode:
+        pytest.skip("cannot mount a tmpfs here (not root?)")
+    yield where
+    subprocess.run(["umount", "-l", str(where)], check=False)
+
+
+def test_full_disk_during_a_save_names_the_file_and_says_disk_full(tiny_disk):
+    """torch.save's own error ("unexpected pos") says neither; nothing half-written is left behind."""
+    path = tiny_disk / "last.pt"
+    ck.save_atomic({"w": torch.zeros(10)}, path)
+    before = path.read_bytes()
+    with pytest.raises(OSError) as err:
+        ck.save_atomic({"w": torch.zeros(1_000_000)}, path)  # 4 MB on a 1 MB disk
+    assert err.value.errno == errno.ENOSPC and err.value.filename == str(path)
+    assert path.read_bytes() == before and sorted(p.name for p in tiny_disk.iterdir()) == ["last.pt"]
+    from data.fsutil import os_error_exit_code, os_error_message
+    assert os_error_message(err.value) == f"{path}: disk full (no space left on device)"
+    assert os_error_exit_code(err.value) == 1  # the machine's failure, not a bad input
+
+
+def test_torch_save_error_is_traced_to_its_os_error(tmp_path, monkeypatch):
+    """Where torch wraps the write's OSError in a RuntimeError, the OSError is what is raised."""
+    def failing_save(obj, f):
+        try:
+            raise OSError(errno.EIO, "Input/output error")
+        except OSError:
+            raise RuntimeError("[enforce fail at inline_container.cc:672] . unexpected pos 704 vs 598") from None
+    monkeypatch.setattr(ck.torch, "save", failing_save)
+    with pytest.raises(OSError) as err:
+        ck.save_atomic({}, tmp_path / "x.pt")
+    assert err.value.errno == errno.EIO and err.value.filename == str(tmp_path / "x.pt")
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_non_finite_weights_are_found_and_never_saved(tmp_path):
+    good = {"model": {"a.weight": torch.ones(2), "a.bias": torch.zeros(2)},
+            "optimizer": {"state": {0: {"velocity": torch.ones(2)}}}, "epoch": 1}
+    assert ck.first_non_finite(good) is None
+    bad = {**good, "model": {"a.weight": torch.ones(2), "a.bias": torch.tensor([0.0, float("inf")])}}
+    assert ck.first_non_finite(bad) == "model.a.bias"
+    assert ck.first_non_finite({"x": [torch.arange(3), torch.tensor([float("nan")])]}) == "x.1"
+    with pytest.raises(CheckpointError, match="model.a.bias holds NaN or inf"):
+        ck.CheckpointDir(tmp_path).save(bad, epoch_done=True, is_best=True)
+    assert list(tmp_path.iterdir()) == []
 
 
 def test_failed_checkpoint_write_stops_the_run(train_data, tmp_path, monkeypatch, capsys):
     def full_disk(obj, path):
         raise OSError(errno.ENOSPC, "No space left on device", str(path))
     monkeypatch.setattr(ck, "save_atomic", full_disk)
-    assert train.main(["configs/demo.yaml", *tiny_overrides(train_data, tmp_path / "run")]) == 1
+    over = tiny_overrides(train_data, tmp_path / "run", **{"train.epochs": 1, "data.loading": "inline"})
+    assert train.main(["configs/demo.yaml", *over]) == 1
     assert "writing a checkpoint failed" in capsys.readouterr().err
 
 

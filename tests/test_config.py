@@ -5,7 +5,17 @@ from pathlib import Path
 
 import pytest
 
-from alexnet.config import Config, ConfigError, differences, dump_yaml, from_dict, load_config, parse_override, to_dict
+from alexnet.config import (
+    RANGES,
+    Config,
+    ConfigError,
+    differences,
+    dump_yaml,
+    from_dict,
+    load_config,
+    parse_override,
+    to_dict,
+)
 
 
 def write(tmp_path, text: str):
@@ -36,7 +46,7 @@ def test_file_then_overrides(tmp_path):
     ("trian: {lr: 0.1}\n", "unknown section 'trian'; valid sections: data, model, train, run"),
     ("train: {lr: fast}\n", "train.lr must be float"),
     ("train: {epochs: 1.5}\n", "train.epochs must be int"),
-    ("data: {flip: 1}\n", "data.flip must be bool"),
+    ("train: {nesterov: 1}\n", "train.nesterov must be bool"),
     ("train: {lr_steps: 5}\n", "train.lr_steps must be a list"),
     ("train: {lr_steps: [a]}\n", "train.lr_steps[0] must be int"),
     ("train: 3\n", "train must be a mapping"),
@@ -48,8 +58,8 @@ def test_bad_files_name_the_key(tmp_path, text, expect):
 
 
 @pytest.mark.parametrize("override, expect", [
-    ("train.batch_size=0", "train.batch_size must be positive"),
-    ("train.lr=-1", "train.lr must not be negative"),
+    ("train.batch_size=0", "train.batch_size must be at least 1, got 0"),
+    ("train.lr=-1", "train.lr must be positive, got -1.0"),
     ("model.arch=vgg", "model.arch must be one of alexnet, caffenet, owt"),
     ("train.precision=fp16", "train.precision must be one of"),
     ("model.dropout=1.0", "model.dropout must be in"),
@@ -57,6 +67,24 @@ def test_bad_files_name_the_key(tmp_path, text, expect):
     ("data.root=", "data.root is not set"),
     ("lr=0.1", "must look like section.key=value"),
     ("train.nope=1", "unknown key train.nope"),
+    # every number has a range, and is finite
+    ("train.lr=.nan", "train.lr must be a finite number, got nan"),
+    ("train.lr=.inf", "train.lr must be a finite number, got inf"),
+    ("train.lr=0", "train.lr must be positive, got 0.0"),
+    ("train.momentum=5", r"train.momentum must be in \[0, 1\), got 5.0"),
+    ("train.momentum=1", r"train.momentum must be in \[0, 1\), got 1.0"),
+    ("train.weight_decay=-1e-4", "train.weight_decay must not be negative, got -0.0001"),
+    ("train.lr_gamma=0", r"train.lr_gamma must be in \(0, 1\], got 0.0"),
+    ("train.lr_steps=[0, 3]", "train.lr_steps must be at least 1, got 0"),
+    ("train.lr_steps=[3, 3]", "train.lr_steps must be increasing"),
+    ("train.warmup_start_factor=2", r"train.warmup_start_factor must be in \[0, 1\], got 2.0"),
+    ("train.seed=-1", "train.seed must be in"),
+    ("data.channel_std=[0.2, 0, 0.2]", "data.channel_std must be positive, got 0.0"),
+    ("data.channel_mean=[0.5, .nan, 0.5]", "data.channel_mean must be a finite number, got nan"),
+    ("data.slots=1", "data.slots must be at least 2, got 1"),
+    ("parallel.timeout=.inf", "parallel.timeout must be a finite number"),
+    ("parallel.timeout=1e12", r"parallel.timeout must be in \(0, 2592000\]"),
+    ("model.num_classes=0", "model.num_classes must be at least 1"),
 ])
 def test_bad_overrides(tmp_path, override, expect):
     with pytest.raises(ConfigError, match=expect):
@@ -101,3 +129,77 @@ def test_shipped_configs_load(path):
 def test_shipped_config_set():
     assert {"demo", "alexnet_1gpu", "alexnet_2gpu", "alexnet_2gpu_model", "alexnet_4gpu_hybrid", "alexnet_8gpu_fc",
             "alexnet_8gpu_goyal", "caffenet", "owt", "theano_continue"} <= {p.stem for p in CONFIGS}
+
+
+def test_cosine_lr_min_above_lr_is_refused(tmp_path):
+    with pytest.raises(ConfigError, match="train.lr_min=0.1 is above train.lr=0.01"):
+        load_config(write(tmp_path, "data: {root: x}\ntrain: {lr_policy: cosine, lr_min: 0.1}\n"))
+    load_config(write(tmp_path, "data: {root: x}\ntrain: {lr_policy: step, lr_min: 0.1}\n"))  # unused there
+
+
+def _numeric_keys() -> dict[str, tuple[type, bool]]:
+    """Every int or float key of the schema, read off the dataclasses: {key: (number type, is a list)}."""
+    import typing
+    keys = {}
+    for section, section_type in typing.get_type_hints(Config).items():
+        for name, hint in typing.get_type_hints(section_type).items():
+            if type(None) in typing.get_args(hint):  # X | None -> X
+                hint = next(a for a in typing.get_args(hint) if a is not type(None))
+            is_list = typing.get_origin(hint) is list
+            kind = typing.get_args(hint)[0] if is_list else hint
+            if kind in (int, float):
+                keys[f"{section}.{name}"] = (kind, is_list)
+    return keys
+
+
+def test_every_numeric_key_has_a_range():
+    keys = _numeric_keys()
+    assert len(keys) >= 38 and keys["train.momentum"] == (float, False) and keys["train.lr_steps"] == (int, True)
+    assert sorted(keys) == sorted(RANGES)
+
+
+@pytest.mark.parametrize("key", sorted(_numeric_keys()))
+def test_every_numeric_key_refuses_values_out_of_range(tmp_path, key):
+    """Below its range, and NaN/inf where it is a float: each refused, naming the key."""
+    kind, is_list = _numeric_keys()[key]
+    low = RANGES[key].low
+    below = low if RANGES[key].low_open else low - (1 if kind is int else 0.5)
+    for bad in [below, *([".nan", ".inf", "-.inf"] if kind is float else [])]:
+        value = f"[{bad}, {bad}, {bad}]" if is_list else str(bad)
+        with pytest.raises(ConfigError, match=key.replace(".", r"\.") + " must "):
+            load_config(write(tmp_path, "data: {root: x}\n"), [f"{key}={value}"])
+
+
+def test_exponent_floats_are_numbers(tmp_path):
+    """YAML 1.1 reads 1e-3 (no dot, or no exponent sign) as a string; configs mean a number."""
+    cfg = load_config(write(tmp_path, "data: {root: x}\ntrain: {lr: 1e-3, weight_decay: 5E-4, lr_min: 1e-5, "
+                                      "lr_policy: cosine}\nrun: {checkpoint_timeout: 3e3}\n"), ["train.momentum=9e-1"])
+    assert (cfg.train.lr, cfg.train.weight_decay, cfg.train.lr_min) == (0.001, 0.0005, 1e-5)
+    assert (cfg.run.checkpoint_timeout, cfg.train.momentum) == (3000.0, 0.9)
+    assert parse_override("data.root=1e3x") == ("data.root", "1e3x")  # not a number: stays a string
+    import yaml
+    assert yaml.safe_load("a: 1e-3") == {"a": "1e-3"}  # yaml's own loader is left as it was
+
+
+@pytest.mark.parametrize("text, expect", [
+    ("data: {root: x}\ntrain:\n  lr: 0.1\n  epochs: 3\n  lr: 0.2\n", "key 'lr' is given twice in one mapping "
+                                                                     r"\(lines 3 and 5\)"),
+    ("data: {root: x}\ndata: {crop: 100}\n", r"key 'data' is given twice in one mapping \(lines 1 and 2\)"),
+    ("data: {root: x, root: y}\n", r"key 'root' is given twice in one mapping \(both on line 1\)"),
+])
+def test_a_key_given_twice_is_refused(tmp_path, text, expect):
+    path = write(tmp_path, text)
+    with pytest.raises(ConfigError, match=f"{path}: {expect}"):
+        load_config(path)
+    with pytest.raises(ConfigError, match="given twice"):
+        load_config(write(tmp_path, "data: {root: x}\n"), ["train.lr_steps={a: 1, a: 2}"])
+
+
+def test_merge_keys_and_binary_files(tmp_path):
+    """YAML merge keys still override on purpose; a config that is not text is one clear error."""
+    from alexnet.config import read_yaml
+    assert read_yaml("a: &b {x: 1, y: 2}\nc: {<<: *b, x: 3}\n") == {"a": {"x": 1, "y": 2}, "c": {"x": 3, "y": 2}}
+    path = tmp_path / "bin.yaml"
+    path.write_bytes(b"train: {lr: \xff\xfe\x00}\n")
+    with pytest.raises(ConfigError, match="not valid YAML"):
+        load_config(path)

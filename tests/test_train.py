@@ -75,7 +75,7 @@ def test_mid_epoch_stop_resumes_identically(train_data, tmp_path):
 
 def test_finished_run_rerun_does_nothing(train_data, tmp_path, capsys):
     run = tmp_path / "run"
-    args = ["configs/demo.yaml", *tiny_overrides(train_data, run, **{"train.epochs": 1})]
+    args = ["configs/demo.yaml", *tiny_overrides(train_data, run, **{"train.epochs": 1, "data.loading": "inline"})]
     assert train.main(args) == 0
     before = (run / "checkpoints" / "last.pt").stat().st_mtime_ns
     assert train.main(args) == 0
@@ -119,7 +119,7 @@ def test_kill_during_checkpoint_write_keeps_previous(train_data, tmp_path):
 
 def test_nan_loss_stops_naming_the_step(train_data, tmp_path, monkeypatch, capsys):
     run = tmp_path / "run"
-    args = ["configs/demo.yaml", *tiny_overrides(train_data, run)]
+    args = ["configs/demo.yaml", *tiny_overrides(train_data, run, **{"data.loading": "inline"})]
     assert train.main([*args, "train.epochs=1"]) == 0
     good = (run / "checkpoints" / "last.pt").read_bytes()
     import alexnet.trainer as tr
@@ -225,7 +225,7 @@ def test_no_loadable_checkpoint_exits_2_naming_the_file(train_data, tmp_path):
     run = tmp_path / "run"
     (run / "checkpoints").mkdir(parents=True)
     (run / "checkpoints" / "last.pt").write_bytes(b"PK\x03\x04 not a checkpoint")
-    r = run_script("train.py", "configs/demo.yaml", *tiny_overrides(train_data, run))
+    r = run_script("train.py", "configs/demo.yaml", *tiny_overrides(train_data, run, **{"data.loading": "inline"}))
     assert r.returncode == 2 and f"{run / 'checkpoints' / 'last.pt'}: cannot be loaded" in r.stderr, r.stderr
     assert "Traceback" not in r.stderr
 
@@ -244,8 +244,8 @@ def test_resume_from_starts_a_new_run_where_a_checkpoint_ended(train_data, tmp_p
 
 
 def test_resume_from_a_missing_file_exits_2(train_data, tmp_path):
-    r = run_script("train.py", "configs/demo.yaml", *tiny_overrides(train_data, tmp_path / "run"),
-                   f"run.resume_from={tmp_path / 'nope.pt'}")
+    r = run_script("train.py", "configs/demo.yaml", *tiny_overrides(train_data, tmp_path / "run", **{
+        "data.loading": "inline"}), f"run.resume_from={tmp_path / 'nope.pt'}")
     assert r.returncode == 2 and f"run.resume_from: {tmp_path / 'nope.pt'}" in r.stderr, r.stderr
 
 
@@ -256,8 +256,9 @@ def test_no_arguments_names_only_the_config_as_required():
 
 def test_resume_takes_momentum_and_decay_from_the_config(train_data, tmp_path):
     run = tmp_path / "run"
-    assert train.main(["configs/demo.yaml", *tiny_overrides(train_data, run, **{"train.epochs": 1})]) == 0
-    assert train.main(["configs/demo.yaml", *tiny_overrides(train_data, run), "train.momentum=0.5",
+    inline = {"data.loading": "inline"}
+    assert train.main(["configs/demo.yaml", *tiny_overrides(train_data, run, **{"train.epochs": 1, **inline})]) == 0
+    assert train.main(["configs/demo.yaml", *tiny_overrides(train_data, run, **inline), "train.momentum=0.5",
                        "train.weight_decay=0.001"]) == 0
     groups = load(run / "checkpoints" / "last.pt")["optimizer"]["param_groups"]
     assert [(g["momentum"], g["weight_decay"]) for g in groups] == [(0.5, 0.001), (0.5, 0.0)]

@@ -1,9 +1,11 @@
-"""Theano epochs <-> our files, both directions of scripts/convert_weights.py.
+"""Theano epochs <-> our files, and Caffe models -> our checkpoints: scripts/convert_weights.py.
 
 Theano -> ours: a training checkpoint when the epoch has its velocities (mom_*, lr_E.npy), so train.py
 continues the Theano run, else a weights file. Ours -> Theano: a checkpoint, weights file or caffenet
-state dict as an epoch for :func:`alexnet.weights.theano.write_theano`. Only caffenet exports: alexnet
-normalises before pooling, another function in the Theano network.
+state dict as an epoch for :func:`alexnet.weights.theano.write_theano`. Only caffenet with the paper's
+LRN exports: alexnet normalises before pooling, another function in the Theano network. Caffe -> ours:
+a training checkpoint at epoch 0 with zero velocities (a .caffemodel holds no momentum), from which
+train.py fine-tunes.
 """
 from __future__ import annotations
 
@@ -16,6 +18,7 @@ from ..checkpoint import CHECKPOINT_KIND
 from ..config import Config, TrainConfig, from_dict, to_dict
 from ..models import build_model
 from ..optim import LRSchedule, build_optimizer, param_groups
+from .caffe import CAFFE_LRN, caffe_model
 from .checkpoint_file import WEIGHTS_KIND
 from .common import PAPER_LAYERS, FormatError, check_style, first_few, infer_width, unwrap_state
 from .theano import TheanoEpoch, theano_model
@@ -45,22 +48,48 @@ def theano_checkpoint(te: TheanoEpoch, conv: str, dropout_style: str = "theano")
     source = {"format": "theano", "folder": str(te.folder), "epoch": te.epoch, "conv": conv}
     if te.val_record is not None:
         source["val_record"] = te.val_record.tolist()
-    common = {"model": model.state_dict(), "config": to_dict(cfg), "num_classes": te.num_classes, "classes": None}
     if te.velocities is None:
-        return {"kind": WEIGHTS_KIND, "version": 1, **common, "source": source}
+        return {"kind": WEIGHTS_KIND, "version": 1, "model": model.state_dict(), "config": to_dict(cfg),
+                "num_classes": te.num_classes, "classes": None, "source": source}
+    return training_checkpoint(model, cfg, te.num_classes, source, epoch=te.epoch,
+                               velocities=theano_to_ours(te.velocities, conv, dropout_style), next_lr=float(te.lr))
+
+
+def training_checkpoint(model: torch.nn.Module, cfg: Config, num_classes: int, source: dict, epoch: int = 0,
+                        velocities: dict[str, np.ndarray] | None = None, next_lr: float | None = None) -> dict:
+    """A training checkpoint of `model` with exactly Trainer.state_dict()'s keys (epoch `epoch` completed,
+    step 0, no RNG state: the trainer reseeds dropout deterministically), plus ``source`` and, if given,
+    ``next_lr``. velocities: our key -> PaperSGD's velocity (default zero)."""
     optimizer = build_optimizer(model, TrainConfig())
-    velocities = theano_to_ours(te.velocities, conv, dropout_style)
-    names = {id(p): k for k, p in model.named_parameters()}
-    ordered = [p for group in optimizer.param_groups for p in group["params"]]
-    for p, v in zip(ordered, optimizer.velocities()):
-        v.copy_(torch.from_numpy(velocities[names[id(p)]]))
-    # best_top1_err stays inf: val_record's errors were measured by Theano's own validation (per-batch
-    # averages over its files), not comparable with this code's, and best.pt should compare like with like.
-    return {"kind": CHECKPOINT_KIND, "version": 1, **common, "optimizer": optimizer.state_dict(),
-            "schedule": {"auto_factor": 1.0, "auto_last_drop": 0, "val_history": []},
-            "epoch": te.epoch, "step": 0, "global_step": 0, "global_batch": 256, "best_top1_err": math.inf,
-            "elapsed": 0.0, "meter": torch.zeros(4, dtype=torch.float64), "rng": [], "world": 1,
-            "next_lr": float(te.lr), "source": source}
+    if velocities is not None:
+        names = {id(p): k for k, p in model.named_parameters()}
+        ordered = [p for group in optimizer.param_groups for p in group["params"]]
+        for p, v in zip(ordered, optimizer.velocities()):
+            v.copy_(torch.from_numpy(velocities[names[id(p)]]))
+    # best_top1_err stays inf: a converted run's own errors (Theano's validation: per-batch averages over
+    # its files) are not comparable with this code's, and best.pt should compare like with like.
+    out = {"kind": CHECKPOINT_KIND, "version": 1, "model": model.state_dict(), "config": to_dict(cfg),
+           "num_classes": num_classes, "classes": None, "image_size": None, "optimizer": optimizer.state_dict(),
+           "schedule": {"auto_factor": 1.0, "auto_last_drop": 0, "val_history": []},
+           "epoch": epoch, "step": 0, "global_step": 0, "global_batch": 256, "best_top1_err": math.inf,
+           "elapsed": 0.0, "meter": torch.zeros(4, dtype=torch.float64), "rng": [], "world": 1, "source": source}
+    if next_lr is not None:
+        out["next_lr"] = next_lr
+    return out
+
+
+# -- Caffe -> ours -----------------------------------------------------------------------------------------
+
+
+def caffe_checkpoint(path, arch: str | None = None) -> dict:
+    """Our training checkpoint of a .caffemodel: its arch and width, Caffe's LRN, crop 227 (from fc6), mean
+    image, epoch 0 with zero velocities (train.py fine-tunes from it; the lr schedule starts afresh)."""
+    model, info, version = caffe_model(path, arch)
+    cfg = Config()
+    cfg.model.arch, cfg.model.width, cfg.model.num_classes = info["arch"], info["width"], info["num_classes"]
+    cfg.model.lrn, cfg.data.crop, cfg.data.mean = CAFFE_LRN, info["crop"], "image"
+    source = {"format": "caffe", "file": str(path), "version": version}
+    return training_checkpoint(model, cfg, info["num_classes"], source)
 
 
 # -- ours -> Theano ----------------------------------------------------------------------------------------
@@ -107,6 +136,9 @@ def _checkpoint_source(obj: dict, path, arch: str | None, dropout_style: str | N
     cfg = from_dict(obj["config"])
     m = cfg.model
     _check_exportable(path, m.arch, arch)
+    if m.lrn != "paper":
+        raise FormatError(f"{path} was trained with model.lrn={m.lrn} (Caffe's LRN); the Theano network computes "
+                          "the paper's (k=2, alpha not divided by n), so its weights would compute another function")
     if dropout_style is not None and dropout_style != m.dropout_style:
         raise FormatError(f"{path} was trained with model.dropout_style={m.dropout_style}, not {dropout_style}; "
                           "omit --dropout-style")

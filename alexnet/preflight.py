@@ -1,0 +1,103 @@
+"""Checks before the first step: the data folder, the config against the data, a resumed checkpoint
+against both. Everything here is the same on every rank, so train.py runs it once, in the process
+that launches the replicas, before any of them starts (under torchrun: on every rank).
+"""
+from __future__ import annotations
+
+import errno
+import os
+from pathlib import Path
+
+import torch
+
+from data.layouts import DataError
+from data.meta import check_files, class_difference, read_meta
+
+from .config import Config, ConfigError, to_dict
+from .distributed import DistInfo
+from .model_parallel import sharding_problem
+from .models import build_model
+from .replica import MeshLayout
+
+# Keys a checkpoint and the current config must agree on to resume (the model's shape and the data).
+RESUME_KEYS = ("model.arch", "model.width", "model.num_classes", "model.dropout_style", "model.lrn", "data.crop",
+               "data.mean")
+
+
+def resolve_num_classes(cfg: Config, meta: dict) -> int:
+    """The number of classes (the dataset's); ConfigError if the config disagrees or the crop cannot fit."""
+    data_classes = int(meta["num_classes"])
+    if cfg.model.num_classes is not None and cfg.model.num_classes != data_classes:
+        raise ConfigError(f"model.num_classes={cfg.model.num_classes} but {cfg.data.root} has {data_classes} "
+                          "classes; remove model.num_classes to use the dataset's")
+    if cfg.data.crop > int(meta["image_size"]):
+        raise ConfigError(f"data.crop={cfg.data.crop} is larger than the images of {cfg.data.root} "
+                          f"({meta['image_size']}x{meta['image_size']})")
+    return data_classes
+
+
+def check_run(cfg: Config, world: int) -> dict:
+    """Everything a run of `world` processes needs from the data and the config, checked before any
+    replica starts; returns meta.json. DataError / ConfigError (exit 2), OSError for the run.dir."""
+    meta = read_meta(cfg.data.root)
+    splits = ("train", "val") if "val" in meta["splits"] else ("train",)
+    check_files(cfg.data.root, meta, splits, mean=cfg.data.mean == "image")
+    classes = resolve_num_classes(cfg, meta)
+    try:
+        with torch.device("meta"):  # shapes only: no memory, no random numbers
+            full = build_model(cfg.model.arch, classes, cfg.model.width, cfg.model.dropout, cfg.data.crop, "torch")
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
+    if cfg.parallel.model_size > 1:
+        problem = sharding_problem(cfg.parallel.model, cfg.model.arch, cfg.parallel.model_size, full)
+        if problem:
+            raise ConfigError(problem)
+    layout = MeshLayout(cfg, DistInfo(world=world, model_size=cfg.parallel.model_size))
+    n = meta["splits"]["train"]["count"]
+    if n < layout.global_batch:
+        raise DataError(f"{Path(cfg.data.root) / 'train'} holds {n} images, fewer than one global batch "
+                        f"({layout.global_batch} = {layout.reader_world} x {cfg.train.batch_size}); lower "
+                        "train.batch_size or parallel.replicas")
+    _check_free_space(Path(cfg.run.dir), 2 * 4 * sum(p.numel() for p in full.parameters()))
+    return meta
+
+
+def _check_free_space(run_dir: Path, need: int) -> None:
+    """OSError(ENOSPC) if not even one checkpoint (weights and velocities, float32) fits on run.dir's disk."""
+    folder = run_dir
+    while not folder.exists() and folder != folder.parent:
+        folder = folder.parent
+    try:
+        st = os.statvfs(folder)
+    except OSError:
+        return
+    free = st.f_bavail * st.f_frsize
+    if free < need:
+        raise OSError(errno.ENOSPC, f"disk full: a checkpoint needs {need / 2**20:.1f} MiB, {free / 2**20:.1f} MiB "
+                                    "free", str(run_dir))
+
+
+def check_resume(cfg: Config, meta: dict, state: dict, path: Path) -> list[str]:
+    """Refuse a checkpoint trained on other data (classes, image size) or another model shape; return
+    the other changed keys as "key old -> new" (the config the checkpoint was written with vs now)."""
+    classes = state.get("classes")
+    if classes is not None and list(classes) != list(meta["classes"]):
+        raise DataError(f"{path} was trained on other classes than those of {cfg.data.root} "
+                        f"({class_difference(list(classes), list(meta['classes']))}); use another run.dir, "
+                        "or the same data")
+    size = state.get("image_size")
+    if size is not None and size != meta["image_size"]:
+        raise DataError(f"{path} was trained on {size}x{size} images, {cfg.data.root} holds "
+                        f"{meta['image_size']}x{meta['image_size']}; use another run.dir, or the same data")
+    was, now = _flat(to_dict(Config())), _flat(to_dict(cfg))
+    was.update(_flat(state["config"]))  # keys an older checkpoint lacks had their defaults
+    changed = [key for key in now if key in was and was[key] != now[key]]
+    for key in RESUME_KEYS:
+        if key in changed and not (key == "model.num_classes" and now[key] is None):
+            raise ConfigError(f"{path} was trained with {key}={was[key]!r}, this config has {now[key]!r}; use "
+                              "another run.dir or the same setting")
+    return [f"{key} {was[key]!r} -> {now[key]!r}" for key in changed if key not in RESUME_KEYS]
+
+
+def _flat(sections: dict) -> dict:
+    return {f"{s}.{k}": v for s, keys in sections.items() if isinstance(keys, dict) for k, v in keys.items()}

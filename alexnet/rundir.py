@@ -1,0 +1,58 @@
+"""The run directory: one run at a time, nothing left over from dead runs, every config it ran with.
+
+- ``run.dir/.lock`` is held (flock) for the whole run by the process that starts it: train.py's
+  launcher (its replicas inherit the lock, so it stays held while any of them lives), a lone replica,
+  or rank 0 under torchrun. A second run into the directory exits 2 at once, naming the holder.
+- At start the holder removes the temporary files (``.NAME.<pid>.tmp``) of processes that died while
+  writing, in run.dir and its checkpoints/ folder: a kill -9 during a save leaves a whole checkpoint.
+- ``config.yaml`` is the config of the latest start; a different earlier one is kept beside it as
+  ``config.prev-N.yaml`` (N = 1, 2, ... in order), so a resumed run keeps the record of what it ran with.
+"""
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+from data.batchfile import atomic_write_bytes
+from data.fsutil import exclusive_dir, remove_stale_temps
+
+from .launch import ENV_LOCK_FD  # set for the replicas of train.py's launcher, which holds the lock
+
+_PREVIOUS = re.compile(r"^config\.prev-(\d+)\.yaml$")
+
+
+def lock_holder_here() -> bool:
+    """Whether this process is the one to lock run.dir: not a replica of our launcher; alone, or rank 0."""
+    return ENV_LOCK_FD not in os.environ and ("WORLD_SIZE" not in os.environ or os.environ.get("RANK") == "0")
+
+
+@contextmanager
+def hold(run_dir: str | os.PathLike) -> Iterator[int]:
+    """Lock `run_dir` for this run and remove what dead processes left in it; yields the lock's fd
+    (pass it to child processes to keep the lock held while they live). DirInUse if another run holds it."""
+    run_dir = Path(run_dir)
+    with exclusive_dir(run_dir, "training run") as fd:
+        for folder in (run_dir, run_dir / "checkpoints"):
+            for path in remove_stale_temps(folder):
+                print(f"removed {path}: an unfinished write of a process that died", flush=True)
+        yield fd
+
+
+def write_config(run_dir: Path, text: str) -> Path | None:
+    """config.yaml := `text`; a different previous config.yaml is kept as config.prev-N.yaml (returned)."""
+    run_dir.mkdir(parents=True, exist_ok=True)
+    path = run_dir / "config.yaml"
+    try:
+        old = path.read_bytes()
+    except FileNotFoundError:
+        old = None
+    kept = None
+    if old is not None and old != text.encode():
+        numbers = [int(m.group(1)) for p in run_dir.iterdir() if (m := _PREVIOUS.match(p.name))]
+        kept = run_dir / f"config.prev-{max(numbers, default=0) + 1}.yaml"
+        atomic_write_bytes(kept, old)
+    atomic_write_bytes(path, text.encode())
+    return kept

@@ -1,0 +1,149 @@
+"""File-system helpers shared by the tools: a directory lock that names its holder, the temporary files
+of dead processes, and the operating system's refusals as one line and an exit code.
+
+Exit codes follow the tools' rule: 2 for a bad input or path (read-only, no permission, not a
+directory), 1 for a failure of the machine (disk full, I/O error, out of memory).
+"""
+from __future__ import annotations
+
+import errno
+import os
+import re
+import socket
+import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+from .layouts import DataError
+
+# The temporary names of atomic writes: .<final name>.<pid>.tmp (checkpoint.save_atomic, batchfile.temp_path).
+TEMP_FILE = re.compile(r"^\..+\.(\d+)\.tmp$")
+_REASONS = {
+    errno.ENOSPC: "disk full (no space left on device)",
+    errno.EDQUOT: "disk quota exceeded",
+    errno.EROFS: "read-only file system",
+    errno.EACCES: "permission denied",
+    errno.EPERM: "operation not permitted",
+    errno.ENOENT: "no such file or directory",
+    errno.ENOTDIR: "a component of the path is not a directory",
+    errno.EISDIR: "is a directory",
+    errno.EIO: "input/output error (a failing disk or network file system?)",
+}
+_BAD_PATH = {errno.EROFS, errno.EACCES, errno.EPERM, errno.ENOENT, errno.ENOTDIR, errno.EISDIR, errno.EEXIST,
+             errno.ENAMETOOLONG, errno.ELOOP}
+
+
+class DirInUse(DataError):
+    """Another process holds the directory's lock."""
+
+
+def os_error_message(e: OSError) -> str:
+    """'PATH: reason' for an OSError (the reason in plain words for the common refusals)."""
+    own = e.strerror and e.errno is not None and e.strerror != os.strerror(e.errno)  # a message of ours
+    reason = (e.strerror if own else _REASONS.get(e.errno)) or e.strerror or str(e)
+    return f"{e.filename}: {reason}" if e.filename else reason
+
+
+def os_error_exit_code(e: OSError) -> int:
+    """2 for a bad path (read-only, permissions, missing), 1 for a failure of the machine."""
+    return 2 if e.errno in _BAD_PATH else 1
+
+
+def os_error_in(e: BaseException) -> OSError | None:
+    """The OSError behind `e` (itself, or what it was raised from or during), if any.
+
+    torch.save turns a failed write into "RuntimeError: [enforce fail at inline_container.cc] unexpected
+    pos", raised while handling the OSError (ENOSPC) of the file's write().
+    """
+    seen = set()
+    while e is not None and id(e) not in seen:
+        if isinstance(e, OSError):
+            return e
+        seen.add(id(e))
+        e = e.__cause__ or e.__context__
+    return None
+
+
+def pid_alive(pid: int) -> bool:
+    """Whether `pid` is a live process of this host (a zombie counts as dead)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True  # exists, owned by someone else
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(") ", 1)[1][:1] != "Z"
+    except (OSError, IndexError):
+        return True
+
+
+def remove_stale_temps(folder: str | os.PathLike) -> list[Path]:
+    """Delete the temporary files (``.NAME.<pid>.tmp``) in `folder` whose writer is no longer alive.
+
+    Such a file is a write that never finished (kill -9, power loss): never trusted, only wasting
+    space (a whole checkpoint each). Files of live processes are kept: they may still be renamed.
+    """
+    removed = []
+    try:
+        entries = list(os.scandir(folder))
+    except (FileNotFoundError, NotADirectoryError):
+        return removed
+    for entry in entries:
+        m = TEMP_FILE.match(entry.name)
+        if m and entry.is_file(follow_symlinks=False) and not pid_alive(int(m.group(1))):
+            Path(entry.path).unlink(missing_ok=True)
+            removed.append(Path(entry.path))
+    return removed
+
+
+def _holder(path: Path) -> str:
+    try:
+        pid, host = path.read_text().split()[:2]
+        return f"pid {pid} on {host}"
+    except (OSError, ValueError):
+        return "a process that has not written its name yet"
+
+
+@contextmanager
+def exclusive_dir(folder: str | os.PathLike, what: str) -> Iterator[int]:
+    """Hold `folder`/.lock (flock: the OS releases it when the holder dies) while the block runs.
+
+    Yields the lock's file descriptor: a child process that inherits it keeps the lock held (it is
+    released when the last holder closes it). DirInUse names the holder (pid and host) if another
+    process has it; OSError if the folder cannot be created or written.
+    """
+    import fcntl
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / ".lock"
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise DirInUse(f"{folder} is in use by another {what} ({_holder(path)}; lock {path}); wait for it "
+                           "to end, or use another directory") from None
+        try:
+            os.ftruncate(fd, 0)
+            os.pwrite(fd, f"{os.getpid()} {socket.gethostname()}\n".encode(), 0)
+        except OSError as e:  # a full disk: say which file
+            raise OSError(e.errno, e.strerror, str(path)) from None
+        yield fd
+    finally:
+        os.close(fd)
+
+
+def check_writable(path: str | os.PathLike) -> None:
+    """Raise OSError now if a file cannot be written at `path` later (its folder is created if missing)."""
+    path = Path(path)
+    if path.is_dir():
+        raise IsADirectoryError(errno.EISDIR, os.strerror(errno.EISDIR), str(path))
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryFile(dir=path.parent, prefix=f".{path.name}.probe"):
+            pass
+    except OSError as e:  # name the file asked for, not the probe
+        raise OSError(e.errno, e.strerror, str(path)) from None

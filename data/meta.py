@@ -1,0 +1,168 @@
+"""Everything a reader needs from a preprocessed folder, checked in one place before any training.
+
+``read_meta`` parses and validates ``meta.json`` against its schema (any JSON value may be anywhere, and
+any byte may be in the file): format version, classes, image size, splits with their files and counts.
+``check_files`` then checks what meta.json lists: every batch file present, of at least the size its
+count implies, holding images of the stated count and size; the mean image's shape and values.
+Every failure is one DataError naming the file and what is wrong.
+"""
+from __future__ import annotations
+
+import json
+import os
+import re
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from .batchfile import READABLE_VERSIONS, BatchFileError, open_batch_file
+from .layouts import DataError
+
+_PLAIN_NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]*$")  # a file or split name: no path, no "..", no dotfile
+
+
+def _show(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+class _Schema:
+    """Checks on one parsed meta.json; each failure names the file and the key."""
+
+    def __init__(self, path: Path):
+        self.path = path
+
+    def fail(self, where: str, what: str, value: Any) -> DataError:
+        return DataError(f"{self.path}: {where} must be {what}, got {_show(value)}")
+
+    def int_at_least(self, value: Any, low: int, where: str) -> int:
+        if not isinstance(value, int) or isinstance(value, bool) or value < low:
+            raise self.fail(where, f"an integer >= {low}", value)
+        return value
+
+    def of_type(self, value: Any, kind: type, where: str, what: str) -> Any:
+        if not isinstance(value, kind):
+            raise self.fail(where, what, value)
+        return value
+
+    def name(self, value: Any, where: str) -> str:
+        if not isinstance(value, str) or not _PLAIN_NAME.match(value):
+            raise self.fail(where, "a plain file name (letters, digits, _ . -)", value)
+        return value
+
+    def check(self, meta: Any) -> None:
+        self.of_type(meta, dict, "the top level", "a JSON object")
+        version = meta.get("format_version")
+        if type(version) is not int or version not in READABLE_VERSIONS:  # not 2.0, not true
+            raise DataError(f"{self.path}: format_version {_show(version)}, this code reads "
+                            f"{' and '.join(map(str, READABLE_VERSIONS))}")
+        classes = self.of_type(meta.get("classes"), list, "classes", "a list of class names")
+        for i, c in enumerate(classes):
+            if not isinstance(c, str) or not c:
+                raise self.fail(f"classes[{i}]", "a non-empty string", c)
+        if len(set(classes)) != len(classes) or not classes:
+            raise self.fail("classes", "a non-empty list without repeats", classes)
+        if self.int_at_least(meta.get("num_classes"), 1, "num_classes") != len(classes):
+            raise DataError(f"{self.path}: num_classes is {meta['num_classes']} but classes lists {len(classes)}")
+        self.int_at_least(meta.get("image_size"), 1, "image_size")
+        self.name(meta.get("mean", "mean.npy"), "mean")
+        splits = self.of_type(meta.get("splits"), dict, "splits", "an object of splits")
+        for split, entry in splits.items():
+            self.split(self.name(split, "a split name"), entry)
+
+    def split(self, split: str, entry: Any) -> None:
+        where = f"splits.{split}"
+        self.of_type(entry, dict, where, "an object with count and files")
+        files = self.of_type(entry.get("files"), list, f"{where}.files", "a list of files")
+        names = set()
+        for i, f in enumerate(files):
+            self.of_type(f, dict, f"{where}.files[{i}]", "an object with name and count")
+            names.add(self.name(f.get("name"), f"{where}.files[{i}].name"))
+            self.int_at_least(f.get("count"), 0, f"{where}.files[{i}].count")
+        if len(names) != len(files):
+            raise DataError(f"{self.path}: {where}.files lists a file twice")
+        total = sum(f["count"] for f in files)
+        if self.int_at_least(entry.get("count"), 0, f"{where}.count") != total:
+            raise DataError(f"{self.path}: {where}.count is {entry['count']} but its files hold {total} images")
+
+
+def read_meta(root: str | os.PathLike) -> dict:
+    """meta.json of a finished preprocessing output, validated; DataError naming the file otherwise."""
+    root = Path(root)
+    if not root.is_dir():
+        raise DataError(f"data root {root} does not exist (set data.root to a preprocessed folder)")
+    path = root / "meta.json"
+    if not path.is_file():
+        raise DataError(f"{root} is not a finished preprocessing output: {path} is missing "
+                        "(run scripts/preprocess.py, or re-run it to finish)")
+    try:
+        raw = path.read_bytes()
+        meta = json.loads(raw.decode("utf-8"), parse_constant=_no_constant)
+    except OSError as e:
+        raise DataError(f"{path}: cannot be read ({e.strerror})") from None
+    except UnicodeDecodeError as e:
+        raise DataError(f"{path}: not UTF-8 text (byte 0x{raw[e.start]:02x} at offset {e.start}): damaged, "
+                        "or not a meta.json") from None
+    except (ValueError, RecursionError) as e:
+        raise DataError(f"{path}: not valid JSON ({e})") from None
+    _Schema(path).check(meta)
+    return meta
+
+
+def _no_constant(name: str) -> None:
+    raise ValueError(f"{name} is not a JSON number")
+
+
+def read_mean(path: str | os.PathLike, size: int) -> np.ndarray:
+    """A mean image .npy (size x size x 3, finite), as float32; DataError naming the file otherwise."""
+    try:
+        mean = np.load(path, allow_pickle=False)
+    except (OSError, ValueError, EOFError) as e:
+        raise DataError(f"{path}: cannot read the mean image ({e})") from None
+    if mean.shape != (size, size, 3) or mean.dtype.kind not in "fiu":
+        raise DataError(f"{path}: {mean.dtype} {mean.shape}, expected numbers of shape {(size, size, 3)}")
+    mean = mean.astype(np.float32)
+    if not np.isfinite(mean).all():
+        raise DataError(f"{path}: the mean image holds NaN or inf")
+    return mean
+
+
+def check_files(root: str | os.PathLike, meta: dict, splits: tuple[str, ...], mean: bool = True) -> None:
+    """Check the batch files of `splits` (and the mean image if `mean`) against meta.json.
+
+    Cheap: one stat and one HDF5 header per file, no image is read (their checksums are checked as
+    they are read).
+    """
+    root, size = Path(root), meta["image_size"]
+    for split in splits:
+        if split not in meta["splits"]:
+            raise DataError(f"{root} has no {split!r} split (has: {', '.join(meta['splits']) or 'none'})")
+        for f in meta["splits"][split]["files"]:
+            _check_batch_file(root / split / f["name"], f["count"], size)
+    if mean:
+        read_mean(root / meta.get("mean", "mean.npy"), size)
+
+
+def _check_batch_file(path: Path, count: int, size: int) -> None:
+    try:
+        have = path.stat().st_size
+    except FileNotFoundError:
+        raise DataError(f"{path}: batch file is missing (listed in meta.json)") from None
+    except OSError as e:
+        raise DataError(f"{path}: cannot be read ({e.strerror})") from None
+    need = count * size * size * 3
+    if have < need:
+        raise DataError(f"{path}: {have} bytes, but {count} images of {size}x{size} need at least {need} "
+                        "(truncated?)")
+    try:
+        open_batch_file(path, count, size).close()
+    except BatchFileError as e:
+        raise DataError(str(e)) from None
+
+
+def class_difference(a: list[str], b: list[str]) -> str:
+    """Where two class lists first differ, e.g. "at index 3: 'n01' vs 'n02'" (or their lengths)."""
+    i = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+    first = f"first at index {i}: {a[i] if i < len(a) else None!r} vs {b[i] if i < len(b) else None!r}"
+    return f"{len(a)} and {len(b)} classes, {first}" if len(a) != len(b) else first

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .batchfile import atomic_write_bytes
-from .layouts import DataError
+from .layouts import DataError, printable
 
 INDEX_NAME = "sources_index.json"
 INDEX_VERSION = 1
@@ -55,7 +55,7 @@ class TarMember:
     size: int
 
     def display(self) -> str:
-        return f"{self.archive}:{self.name}"
+        return printable(f"{self.archive}:{self.name}")
 
 
 @dataclass(frozen=True)
@@ -67,7 +67,7 @@ class ShardMember:
     size: int
 
     def display(self) -> str:
-        return f"{self.archive}:{self.name}"
+        return printable(f"{self.archive}:{self.name}")
 
 
 # -- indexing --------------------------------------------------------------------------------------

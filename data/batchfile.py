@@ -24,6 +24,9 @@ from __future__ import annotations
 
 import json
 import os
+import re
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import h5py
@@ -58,15 +61,39 @@ def temp_path(path: Path) -> Path:
     return path.with_name(f".{path.name}.{os.getpid()}.tmp")
 
 
+@contextmanager
+def _writing(tmp: Path, path: Path) -> Iterator[None]:
+    """The write of `tmp` (renamed to `path` after): if it fails, the temporary is removed, and the
+    operating system's refusal names `path` (a full disk's write() or HDF5's error names no file)."""
+    try:
+        yield
+    except BaseException as e:
+        tmp.unlink(missing_ok=True)
+        code = _errno_of(e)
+        if code:
+            raise OSError(code, os.strerror(code), str(path)) from None
+        raise
+
+
+def _errno_of(e: BaseException) -> int | None:
+    """The system's error number behind a failed write; HDF5's failures at close (RuntimeError) carry it
+    only in their text ('... errno = 28, error message = 'No space left on device' ...')."""
+    if isinstance(e, OSError) and e.errno is not None:
+        return e.errno
+    found = re.search(r"\berrno = (\d+)", str(e)) if isinstance(e, (OSError, RuntimeError)) else None
+    return int(found.group(1)) if found else None
+
+
 def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> None:
     """Write `data` to `path` so that `path` holds either the old or the new content, never a mix."""
     path = Path(path)
     tmp = temp_path(path)
-    with open(tmp, "wb") as f:
-        f.write(data)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    with _writing(tmp, path):
+        with open(tmp, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
 
 
 def atomic_write_json(path: str | os.PathLike, obj) -> None:
@@ -96,26 +123,27 @@ def write_batch_file(path: str | os.PathLike, images: np.ndarray, labels: np.nda
         raise ValueError(f"{path}: cannot write format_version {version}")
     images = np.ascontiguousarray(images)
     tmp = temp_path(path)
-    with h5py.File(tmp, "w", **(_ALIGN if version >= 2 else {})) as f:
-        # Fletcher-32 on the small datasets: read once per file, so its cost does not matter.
-        small = {"chunks": True, "fletcher32": True} if n and version >= 2 else {}
-        if version == 1:
-            f.create_dataset("images", data=images, chunks=(1,) + images.shape[1:] if n else None,
-                             fletcher32=bool(n))
-        else:
-            _write_contiguous(f, "images", images)  # contiguous, unfiltered: read with pread
-            f.create_dataset("checksums", data=image_checksums(images), **small)
-            f["checksums"].attrs["algorithm"] = CHECKSUM
-        f.create_dataset("labels", data=np.asarray(labels, dtype=np.int64), **small)
-        f.create_dataset("names", data=np.array(names, dtype=object), dtype=h5py.string_dtype())
-        if pixel_sum is not None:
-            f.create_dataset("pixel_sum", data=pixel_sum.astype(np.uint32), compression="gzip",
-                             compression_opts=1, fletcher32=version >= 2)
-        f.attrs.update(format_version=version, split=split, index=index, count=n,
-                       image_size=images.shape[1], skipped=json.dumps(skipped or []))
-    with open(tmp, "rb+") as fh:
-        os.fsync(fh.fileno())
-    os.replace(tmp, path)
+    with _writing(tmp, path):
+        with h5py.File(tmp, "w", **(_ALIGN if version >= 2 else {})) as f:
+            # Fletcher-32 on the small datasets: read once per file, so its cost does not matter.
+            small = {"chunks": True, "fletcher32": True} if n and version >= 2 else {}
+            if version == 1:
+                f.create_dataset("images", data=images, chunks=(1,) + images.shape[1:] if n else None,
+                                 fletcher32=bool(n))
+            else:
+                _write_contiguous(f, "images", images)  # contiguous, unfiltered: read with pread
+                f.create_dataset("checksums", data=image_checksums(images), **small)
+                f["checksums"].attrs["algorithm"] = CHECKSUM
+            f.create_dataset("labels", data=np.asarray(labels, dtype=np.int64), **small)
+            f.create_dataset("names", data=np.array(names, dtype=object), dtype=h5py.string_dtype())
+            if pixel_sum is not None:
+                f.create_dataset("pixel_sum", data=pixel_sum.astype(np.uint32), compression="gzip",
+                                 compression_opts=1, fletcher32=version >= 2)
+            f.attrs.update(format_version=version, split=split, index=index, count=n,
+                           image_size=images.shape[1], skipped=json.dumps(skipped or []))
+        with open(tmp, "rb+") as fh:
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
 
 
 _WRITE_PIECE = 1 << 20  # bytes per write() of image data

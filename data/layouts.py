@@ -11,8 +11,10 @@ Flat validation images are labelled by a file: Kaggle's ``LOC_val_solution.csv``
 ``val.txt``, or the devkit (:mod:`data.devkit`); every labeller gives a wnid per image.
 
 Everything here only lists files; nothing is decoded. Problems that would make the whole run wrong
-(missing folders, no classes, label files naming unknown files or classes) raise :class:`DataError`
-before any work; single odd files are returned as ``ignored`` with the reason, never dropped silently.
+(missing folders, no classes, label files naming unknown files or classes, a folder reached twice
+through a link) raise :class:`DataError` before any work; single odd files are returned as ``ignored``
+with the reason, never dropped silently. A file name that is not valid UTF-8 is named by its escaped
+form (:func:`printable`) everywhere: plan digest, batch files, report.
 """
 from __future__ import annotations
 
@@ -36,6 +38,31 @@ class Item:
     path: str
     label: int
     loc: object = field(default=None, compare=False)
+
+
+@dataclass(frozen=True)
+class RawName:
+    """Where a file lies whose name is not valid UTF-8: its real path below the split folder (with
+    surrogate escapes) and the escaped name it is known by (`shown`, as report.json prints it)."""
+
+    path: str
+    shown: str
+
+    def display(self) -> str:
+        return self.shown
+
+
+def printable(name: str) -> str:
+    """`name` as text: the bytes of a name that is not valid UTF-8 (os's surrogate escapes) as \\xNN."""
+    try:
+        name.encode()
+        return name
+    except UnicodeEncodeError:
+        try:
+            raw = name.encode("utf-8", "surrogateescape")
+        except UnicodeEncodeError:  # a surrogate that no file system name decodes to
+            return name.encode("utf-8", "backslashreplace").decode()
+        return raw.decode("utf-8", "backslashreplace")
 
 
 @dataclass
@@ -86,15 +113,63 @@ def require_dir(path: str | os.PathLike, what: str) -> Path:
 
 
 def list_folder(folder: str | os.PathLike, split: str, what: str) -> Listing:
-    """All files below `folder` as sorted '/'-separated relative names; its subfolders are the containers."""
+    """All files below `folder` as sorted '/'-separated relative names; its subfolders are the containers.
+
+    Links to folders are followed, but a folder reached twice (a class folder linked to the root or to
+    another class folder, a link loop) is a DataError naming it: its images would be listed twice. A
+    folder that cannot be listed raises its OSError (it would otherwise look empty).
+    """
     root = require_dir(folder, what)
-    entries = []
-    for dirpath, dirnames, filenames in os.walk(root):
-        dirnames[:] = sorted(d for d in dirnames if not d.startswith("."))
+    seen = {os.path.realpath(root): f"the {what} itself"}
+    entries, containers = [], []
+    for dirpath, dirnames, filenames in os.walk(root, onerror=_raise, followlinks=True):
         rel = Path(dirpath).relative_to(root)
-        entries.extend(Entry((rel / f).as_posix()) for f in filenames)
-    containers = sorted(e.name for e in os.scandir(root) if e.is_dir() and not e.name.startswith("."))
-    return Listing(str(root), split, sorted(entries, key=lambda e: e.name), containers)
+        dirnames[:] = _subfolders(root, rel, dirnames, seen, what)
+        if rel == Path("."):
+            containers = list(dirnames)
+        entries.extend(_file_entry((rel / f).as_posix(), split) for f in filenames)
+    entries.sort(key=lambda e: e.name)
+    _escapes_unique(entries, root)
+    return Listing(str(root), split, entries, containers)
+
+
+def _raise(e: OSError) -> None:
+    raise e
+
+
+def _subfolders(root: Path, rel: Path, names: list[str], seen: dict[str, str], what: str) -> list[str]:
+    """The subfolders of `root/rel` to walk (sorted, not hidden); each real folder once."""
+    kept = []
+    for d in sorted(n for n in names if not n.startswith(".")):
+        shown = printable((rel / d).as_posix())
+        if shown != (rel / d).as_posix():
+            raise DataError(f"{what} {root}: folder name {shown} is not valid UTF-8; rename it")
+        real = os.path.realpath(root / rel / d)
+        if real in seen:
+            raise DataError(f"{what} {root}: {shown} is {seen[real]} ({printable(real)}) through a link: its "
+                            "images would be listed twice; remove the link")
+        top = os.path.realpath(root)
+        if top.startswith(real.rstrip(os.sep) + os.sep):
+            raise DataError(f"{what} {root}: {shown} leads to {printable(real)}, which holds the {what}: a "
+                            "link loop; remove the link")
+        seen[real] = f"the same folder as {shown}"
+        kept.append(d)
+    return kept
+
+
+def _file_entry(rel: str, split: str) -> Entry:
+    name = printable(rel)
+    return Entry(name) if name == rel else Entry(name, RawName(rel, f"{split}/{name}"))
+
+
+def _escapes_unique(entries: list[Entry], root: Path) -> None:
+    """An escaped name must not coincide with a real one (a file literally named 'a\\xff.jpg')."""
+    if not any(isinstance(e.loc, RawName) for e in entries):
+        return
+    for a, b in zip(entries, entries[1:]):
+        if a.name == b.name:
+            raise DataError(f"{root}: two files are both named {a.name} once escaped (one is not valid UTF-8); "
+                            "rename one")
 
 
 def _class_of(entry: Entry) -> str | None:
@@ -150,7 +225,7 @@ class ValLabels:
 def _read_kaggle_csv(path: Path, classes: set[str]) -> dict[str, str]:
     """ImageId (no extension) -> wnid, from LOC_val_solution.csv."""
     labels: dict[str, str] = {}
-    with open(path, newline="") as f:
+    with open(path, newline="", encoding="utf-8-sig") as f:  # -sig: a byte-order mark is not part of the header
         reader = csv.reader(f)
         header = next(reader, None)
         if not header or [h.strip() for h in header[:2]] != ["ImageId", "PredictionString"]:
@@ -173,7 +248,7 @@ def _read_caffe_txt(path: Path, classes: list[str]) -> dict[str, str]:
     """File name -> wnid, from a Caffe-style val.txt (label = index into the sorted train wnids)."""
     labels: dict[str, str] = {}
     n = len(classes)
-    with open(path) as f:
+    with open(path, encoding="utf-8-sig") as f:
         for lineno, line in enumerate(f, start=1):
             parts = line.split()
             if not parts:
@@ -194,12 +269,16 @@ def read_label_file(path: str | os.PathLike, classes: list[str]) -> ValLabels:
     p = Path(path)
     if not p.is_file():
         raise DataError(f"label file {p} does not exist")
-    if p.suffix.lower() != ".csv":
-        return ValLabels(str(p), _read_caffe_txt(p, classes), False)
+    try:
+        if p.suffix.lower() != ".csv":
+            return ValLabels(str(p), _read_caffe_txt(p, classes), False)
+        labels = _read_kaggle_csv(p, set(classes))
+    except UnicodeDecodeError as e:
+        raise DataError(f"label file {p} is not UTF-8 text (byte {e.start}: {e.reason})") from None
     from .classnames import read_synset_mapping  # Kaggle ships the words beside its CSV
     mapping = p.with_name("LOC_synset_mapping.txt")
     names = read_synset_mapping(mapping) if mapping.is_file() else None
-    return ValLabels(str(p), _read_kaggle_csv(p, set(classes)), True, names, str(mapping))
+    return ValLabels(str(p), labels, True, names, str(mapping))
 
 
 def _examples(names: list[str]) -> str:

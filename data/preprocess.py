@@ -22,6 +22,7 @@ import multiprocessing as mp
 import os
 import signal
 import sys
+import tempfile
 import time
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass
@@ -40,9 +41,10 @@ from .batchfile import (
     write_batch_file,
 )
 from .decode import RESIZE_MODES, load_image
-from .layouts import DataError, Item
+from .fsutil import exclusive_dir, remove_stale_temps
+from .layouts import DataError, Item, RawName, printable
 from .procs import die_with_parent
-from .sources import Sources, gather
+from .sources import Sources, as_paths, gather
 
 SPLITS = ("train", "val")
 
@@ -102,6 +104,28 @@ def _init_worker(counter) -> None:
     # Ctrl-C is handled by the parent, which lets in-flight files finish; a worker must not die of it.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    sys.excepthook, sys.unraisablehook = _quiet_excepthook, _quiet_unraisablehook
+
+
+# After a write failed (a full disk), h5py's objects fail to flush again as they are freed, and Cython
+# prints each failure (through sys.excepthook, then sys.unraisablehook): a dozen tracebacks for an error
+# that already stops the run with one line naming the file. Those two reports only are dropped.
+
+def _h5py_dealloc(tb) -> bool:
+    while tb is not None and tb.tb_next is not None:
+        tb = tb.tb_next
+    return tb is not None and tb.tb_frame.f_code.co_filename.endswith("_objects.pyx")
+
+
+def _quiet_excepthook(kind, value, tb) -> None:
+    if not (isinstance(value, (OSError, RuntimeError)) and _h5py_dealloc(tb)):
+        sys.__excepthook__(kind, value, tb)
+
+
+def _quiet_unraisablehook(u) -> None:
+    h5py_dealloc = isinstance(u.object, str) and u.object.startswith("h5py._objects.")
+    if not (h5py_dealloc and isinstance(u.exc_value, (OSError, RuntimeError))):
+        sys.__unraisablehook__(u)
 
 
 def _tick() -> None:
@@ -115,6 +139,8 @@ def _source(task: Task, i: int):
     loc = task.items[i].loc
     if loc is None:
         return os.path.join(task.src, task.items[i].path)
+    if isinstance(loc, RawName):
+        return os.path.join(task.src, loc.path)
     if isinstance(loc, TarMember):
         return io.BytesIO(read_member(loc, task.stamps[loc.archive]))
     return io.BytesIO(task.payload[i])
@@ -132,8 +158,8 @@ def process_task(task: Task) -> int:
         except Exception as e:  # any decoder failure means this one image is skipped, and said so
             where = item.loc.display() if item.loc is not None else f"{task.split}/{item.path}"
             # Pillow names a file object by its repr (a memory address): name the member instead
-            reason = str(e).replace(repr(source), repr(where)) if item.loc is not None else str(e)
-            skipped.append({"path": where, "reason": f"{type(e).__name__}: {reason}"})
+            reason = str(e).replace(repr(source), f"'{where}'") if item.loc is not None else str(e)
+            skipped.append({"path": where, "reason": printable(f"{type(e).__name__}: {reason}")})
         else:
             labels.append(item.label)
             names.append(item.path)
@@ -165,7 +191,7 @@ def _check_plan(out: Path, record: dict) -> None:
     if not path.exists():
         atomic_write_json(path, record)
         return
-    old = json.loads(path.read_text())
+    old = _read_plan(path)
     # Not format_version: readers take both formats, even mixed in one folder, so a run started by an
     # older version may be finished by this one (scripts/upgrade_data.py converts the old files).
     diffs = [f"{k}: {old.get(k)!r} there, {v!r} now" for k, v in record.items()
@@ -182,15 +208,22 @@ def _check_plan(out: Path, record: dict) -> None:
                         f"({'; '.join(diffs)}); use another --out, or delete {out} to start over")
 
 
+def _read_plan(path: Path) -> dict:
+    """plan.json of an earlier run; damaged (not what this code writes) is an error naming it."""
+    try:
+        plan = json.loads(path.read_bytes())
+        if not isinstance(plan, dict) or not all(isinstance(v, dict) and isinstance(v.get("images"), int)
+                                                 for v in plan.get("splits", {}).values()):
+            raise ValueError("not a plan of scripts/preprocess.py")
+    except (ValueError, AttributeError) as e:  # UnicodeDecodeError and JSONDecodeError are ValueErrors
+        raise DataError(f"{path} is damaged ({e}); delete {path.parent} to start over") from None
+    return plan
+
+
 @contextmanager
 def exclusive(out: Path):
     """One writer per output folder (preprocess or upgrade): a second concurrent run would corrupt the first."""
-    import fcntl
-    with open(out / ".lock", "w") as lock:
-        try:
-            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            raise DataError(f"another preprocess or upgrade run is writing to {out}") from None
+    with exclusive_dir(out, "preprocess or upgrade run"):
         yield
 
 
@@ -377,22 +410,26 @@ def _finalize(out: Path, opts: Options, src: Sources, tasks: list[Task], run_inf
 
 def preprocess(train_dir, out, val_dir=None, val_labels=None, opts: Options = Options(),
                workers: int | None = None, quiet: bool = False, class_names=None,
-               shard_memory: int | None = None) -> dict:
+               shard_memory: int | None = None, allow_empty_classes: bool = False) -> dict:
     """Run (or resume) the whole preprocessing; returns a summary of what was written.
 
     train_dir, val_dir: a folder, or one or more archives (a path or a list); val_labels: a label file,
     the devkit, or [meta.mat, ground truth]; shard_memory: bytes of compressed images held per pass
-    over gzip shards (default: half the available memory).
+    over gzip shards (default: half the available memory); allow_empty_classes: keep a class folder
+    without images as a class (else an error). OSError when --out cannot be written (disk full, ...).
     """
     if opts.size < 1 or opts.per_file < 1:
         raise DataError(f"--size and --per-file must be positive (got {opts.size}, {opts.per_file})")
     if opts.resize not in RESIZE_MODES:
         raise DataError(f"--resize {opts.resize!r} is not one of {', '.join(RESIZE_MODES)}")
     out = Path(out)
+    check_out(out, {"train dir": as_paths(train_dir), "val dir": as_paths(val_dir)})
     cores = len(os.sched_getaffinity(0))
-    src = gather(train_dir, val_dir, val_labels, class_names, opts, out, workers or cores, quiet)
+    src = gather(train_dir, val_dir, val_labels, class_names, opts, out, workers or cores, quiet,
+                 allow_empty_classes)
     out.mkdir(parents=True, exist_ok=True)
     with exclusive(out):
+        remove_stale_temps(out)  # meta.json's or report.json's write cut short by a kill
         _check_plan(out, _plan_record(opts, src))
         tasks = _tasks(out, opts, src)
         todo = [t for t in tasks if not _is_done(Path(t.dst))]
@@ -401,13 +438,44 @@ def preprocess(train_dir, out, val_dir=None, val_labels=None, opts: Options = Op
         if not quiet:
             _print_start(src, tasks, todo, workers, budget)
         start = time.perf_counter()
-        if todo:
-            _run_pool(todo, workers, quiet, budget)
+        try:
+            if todo:
+                _run_pool(todo, workers, quiet, budget)
+        finally:  # a killed worker's unfinished file (the pool is shut down by now)
+            for name in src.splits:
+                remove_stale_temps(out / name)
         seconds = time.perf_counter() - start
         images = sum(len(t.items) for t in todo)
         run_info = {"seconds": round(seconds, 3), "images": images, "workers": workers,
                     "images_per_s": round(images / seconds, 1) if images and seconds > 0 else None}
         return _finalize(out, opts, src, tasks, run_info)
+
+
+def check_out(out: Path, inputs: dict[str, list[str]]) -> None:
+    """Refuse, before any listing, an --out that is a file, cannot be written, lies inside an input
+    folder (its files would become input) or would write its split folders over one."""
+    if out.exists() and not out.is_dir():
+        raise DataError(f"--out {out} is a file, not a folder")
+    base = next(p for p in (out.absolute(), *out.absolute().parents) if p.exists())
+    if not base.is_dir():
+        raise DataError(f"--out {out}: {base} is a file, not a folder")
+    try:
+        with tempfile.TemporaryFile(dir=base):
+            pass
+    except OSError as e:  # read-only, not ours, full: name the folder asked for, not the probe
+        raise OSError(e.errno, os.strerror(e.errno) if e.errno else str(e), str(out)) from None
+    real_out = os.path.realpath(out)
+    for what, paths in inputs.items():
+        for path in (p for p in paths if Path(p).is_dir()):
+            real = os.path.realpath(path)
+            if _within(real_out, real):
+                raise DataError(f"--out {out} is inside the {what} {path}: its files would be read as input")
+            if any(_within(real, os.path.join(real_out, split)) for split in SPLITS):
+                raise DataError(f"the {what} {path} is where --out {out} writes its batch files; use another --out")
+
+
+def _within(path: str, folder: str) -> bool:
+    return path == folder or path.startswith(folder.rstrip(os.sep) + os.sep)
 
 
 def _print_start(src: Sources, tasks: list[Task], todo: list[Task], workers: int, budget: int) -> None:

@@ -1,5 +1,6 @@
-"""The command line of scripts/preprocess.py: arguments, exit codes (0 done, 1 a dead worker, 2 bad input
-or a bad archive, 130 interrupted) and the summary printed at the end."""
+"""The command line of scripts/preprocess.py: arguments, exit codes (0 done, 1 a failure of the machine: a
+dead worker, a full disk; 2 bad input, a bad archive or an --out that cannot be written; 130 interrupted)
+and the summary printed at the end. Every error is one line naming the path, file or value at fault."""
 from __future__ import annotations
 
 import argparse
@@ -10,6 +11,7 @@ from pathlib import Path
 
 from .archives import ArchiveError
 from .decode import RESIZE_MODES
+from .fsutil import os_error_exit_code, os_error_message
 from .layouts import DataError
 from .preprocess import Options, preprocess
 
@@ -42,10 +44,19 @@ def build_parser() -> argparse.ArgumentParser:
                    help="short: shorter side to --size then central crop (default); warp: straight resize")
     p.add_argument("--seed", type=int, default=1, help="seed of the training-order shuffle (default 1)")
     p.add_argument("--workers", type=int, default=None, help="worker processes (default: all cores)")
-    p.add_argument("--shard-memory", type=float, metavar="GIB", help="gzip shards: GiB of compressed images "
-                   "held per streaming pass (default: half the available memory)")
+    p.add_argument("--shard-memory", type=_positive_float, metavar="GIB", help="gzip shards: GiB of compressed "
+                   "images held per streaming pass (default: half the available memory)")
+    p.add_argument("--allow-empty-classes", action="store_true", help="keep a class folder without images as a "
+                   "class (no training image teaches it); by default such a folder is an error")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     return p
+
+
+def _positive_float(text: str) -> float:
+    value = float(text)
+    if not value > 0 or value == float("inf"):
+        raise argparse.ArgumentTypeError(f"must be a positive number, got {text}")
+    return value
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -56,7 +67,7 @@ def main(argv: list[str] | None = None) -> int:
     memory = int(args.shard_memory * 2**30) if args.shard_memory else None
     try:
         summary = preprocess(args.train_dir, args.out, args.val_dir, args.val_labels, opts, args.workers,
-                             args.quiet, args.class_names, memory)
+                             args.quiet, args.class_names, memory, args.allow_empty_classes)
     except ArchiveError as e:
         print(f"preprocess: error: {e}; finished batch files are kept", file=sys.stderr)
         return 2
@@ -67,6 +78,11 @@ def main(argv: list[str] | None = None) -> int:
         print("preprocess: error: a worker process died (killed or out of memory); finished files "
               "are kept: re-run the same command to resume", file=sys.stderr)
         return 1
+    except OSError as e:  # the operating system refused: unwritable --out, unreadable input, full disk
+        code = os_error_exit_code(e)
+        kept = "" if code == 2 else "; finished batch files are kept: re-run the same command to resume"
+        print(f"preprocess: error: {os_error_message(e)}{kept}", file=sys.stderr)
+        return code
     except KeyboardInterrupt:
         print("preprocess: interrupted; finished files are kept: re-run the same command to resume",
               file=sys.stderr)

@@ -28,6 +28,7 @@ from .layouts import (
     find_classes,
     is_image_name,
     list_folder,
+    printable,
     val_split,
 )
 
@@ -61,10 +62,12 @@ def _tar_entries(archive: str, rows: list[list]) -> tuple[list[Entry], list[str]
         outer, sep, inner = name.partition(":")
         if sep:
             wnid = outer.rsplit("/", 1)[-1][:-len(".tar")]
+            if printable(wnid) != wnid:
+                raise DataError(f"{loc.display()}: the class tar's name is not valid UTF-8")
             containers.add(wnid)
-            entries.append(Entry(f"{wnid}/{inner}", loc))
+            entries.append(Entry(printable(f"{wnid}/{inner}"), loc))
         else:
-            entries.append(Entry(name, loc))
+            entries.append(Entry(printable(name), loc))
     return entries, sorted(containers)
 
 
@@ -77,7 +80,7 @@ def _shard_entries(archive: str, rows: list[list], ignored: list[dict]) -> list[
         if m is None or not is_image_name(name):
             ignored.append({"path": loc.display(), "reason": "not an image named <stem>_<wnid>.<ext>"})
         else:
-            entries.append(Entry(m["stem"] + m["ext"], loc, m["wnid"]))
+            entries.append(Entry(printable(m["stem"] + m["ext"]), loc, m["wnid"]))
     return entries
 
 
@@ -130,12 +133,29 @@ def choose_classes(classes: list[str], spec: str | int | None, seed: int) -> tup
     path = Path(str(spec))
     if not path.is_file():
         raise DataError(f"--classes {spec}: neither a number nor a file of wnids")
-    listed = sorted({line.split()[0] for line in path.read_text().splitlines() if line.split()})
+    listed = _listed_wnids(path)
     unknown = [w for w in listed if w not in set(classes)]
     if not listed or unknown:
         raise DataError(f"--classes {path}: {'lists no wnid' if not listed else 'wnids not in the train classes: '}"
                         f"{', '.join(unknown[:5])}")
     return listed, {"classes": len(listed), "of": len(classes), "chosen_by": f"list {path}"}
+
+
+def _listed_wnids(path: Path) -> list[str]:
+    """The sorted first words of the lines of a --classes FILE; a wnid listed twice is an error."""
+    try:
+        lines = path.read_text(encoding="utf-8-sig").splitlines()  # -sig: a byte-order mark is no wnid
+    except UnicodeDecodeError as e:
+        raise DataError(f"--classes {path} is not UTF-8 text (byte {e.start}: {e.reason})") from None
+    first: dict[str, int] = {}
+    for lineno, line in enumerate(lines, start=1):
+        if not line.split():
+            continue
+        wnid = line.split()[0]
+        if wnid in first:
+            raise DataError(f"--classes {path}:{lineno}: {wnid} is listed twice (lines {first[wnid]} and {lineno})")
+        first[wnid] = lineno
+    return sorted(first)
 
 
 def cap_per_class(items: list[Item], k: int | None) -> list[Item]:
@@ -153,8 +173,11 @@ def cap_per_class(items: list[Item], k: int | None) -> list[Item]:
     return out
 
 
-def gather(train, val, val_labels, class_names, opts, out: Path, workers: int, quiet: bool) -> Sources:
-    """List, label and subset both splits (archives indexed into `out`); every input error raised here."""
+def gather(train, val, val_labels, class_names, opts, out: Path, workers: int, quiet: bool,
+           allow_empty_classes: bool = False) -> Sources:
+    """List, label and subset both splits (archives indexed into `out`); every input error raised here.
+
+    A chosen class with no training image is an error unless `allow_empty_classes`."""
     if val_labels and not val:
         raise DataError("--val-labels given without --val-dir")
     index, stamps = SourceIndex(out, quiet), {}
@@ -162,6 +185,8 @@ def gather(train, val, val_labels, class_names, opts, out: Path, workers: int, q
     all_classes = find_classes(train_listing)
     chosen, subset = choose_classes(all_classes, opts.class_subset, opts.seed)
     splits = {"train": class_split(train_listing, all_classes, chosen, "train dir")}
+    if not allow_empty_classes:
+        _no_empty_classes(splits["train"], chosen)
     splits["train"].items = cap_per_class(splits["train"].items, opts.train_per_class)
     labels = read_val_labels(as_paths(val_labels), all_classes) if val_labels else None
     if val:
@@ -177,6 +202,17 @@ def gather(train, val, val_labels, class_names, opts, out: Path, workers: int, q
         subset = {"train_per_class": opts.train_per_class}
     words = _class_words(class_names, labels, chosen)
     return Sources(all_classes, chosen, splits, words, subset, stamps)
+
+
+def _no_empty_classes(split: Split, classes: list[str]) -> None:
+    """A class no training image teaches is most likely a folder left empty by mistake."""
+    have = {it.label for it in split.items}
+    empty = [c for i, c in enumerate(classes) if i not in have]
+    if empty:
+        more = f" (and {len(empty) - 5} more)" if len(empty) > 5 else ""
+        raise DataError(f"train dir {split.root}: {len(empty)} class folder(s) hold no image file: "
+                        f"{', '.join(empty[:5])}{more}; remove them, or pass --allow-empty-classes to keep "
+                        "them as classes without training images")
 
 
 def _class_words(class_names, labels, classes: list[str]) -> list[str] | None:

@@ -1,0 +1,80 @@
+"""scripts/faults.py: the verdict of each outcome, and a small subset of the table run end to end with a
+planted failing case (the table itself is run by hand; its result is in README.md)."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from scripts.faultcheck.core import Case, Skip, judge
+from scripts.faultcheck.preprocess_cases import CASES as PREPROCESS_CASES
+from tests.conftest import load_script
+
+W = Path("/work/c01")
+
+
+def case(expect: int = 2, names: tuple[str, ...] = ("{w}/meta.json",), line: str = "") -> Case:
+    return Case("x", "traceback", "a fault", expect, names, setup=lambda work: [], line=line)
+
+
+@pytest.mark.parametrize("code, out, err, problem, expect, verdict, reason", [
+    (2, "", "tool: error: /work/c01/meta.json: not UTF-8\n", None, 2, "OK", ""),
+    (1, "", "tool: error: /work/c01/meta.json: not UTF-8\n", None, 2, "WEAK", "exit 1, expected 2"),
+    (2, "", "tool: error: meta.json: not UTF-8\n", None, 2, "WEAK", "the message does not name 'W/meta.json'"),
+    (0, "done\n", "", None, 2, "DEFECT", "exit 0, expected 2"),
+    (2, "", "warning: x\n", None, 0, "DEFECT", "exit 2, expected 0"),
+    (1, "", "Traceback (most recent call last):\n  File ...\nKeyError: 'classes' /work/c01/meta.json\n", None, 1,
+     "DEFECT", "a traceback"),
+    (2, "", "tool: error: /work/c01/meta.json: x\n", "a temporary file left behind", 2, "DEFECT",
+     "a temporary file left behind"),
+    (-9, "", "", None, 1, "DEFECT", "killed by signal 9"),
+    (None, "", "", None, 2, "DEFECT", "no exit within 120 s"),
+])
+def test_verdicts(code, out, err, problem, expect, verdict, reason):
+    got, why, _ = judge(case(expect), code, out, err, problem, W)
+    assert got == verdict and reason in why, (got, why)
+    assert (why == "") == (verdict == "OK")
+
+
+def test_the_message_is_the_first_line_of_stderr_else_stdout_or_the_line_asked_for():
+    first = "first /work/c01/meta.json"
+    assert judge(case(), 2, "out\n", f"\n  {first}\nsecond\n", None, W)[2] == first
+    assert judge(case(), 2, f"{first}\n", "", None, W)[2] == first
+    picked = case(expect=0, names=("lr 0.001",), line=r"lr \d")
+    out = "config\nglobal batch 8, lr 0.001\n"
+    assert judge(picked, 0, out, "note\n", None, W) == ("OK", "", "global batch 8, lr 0.001")
+    assert judge(picked, 0, "config\n", "note\n", None, W)[0] == "WEAK"  # no such line: nothing named
+
+
+def test_a_subset_of_the_table_with_planted_failures(tmp_path, monkeypatch, capsys):
+    faults = load_script("faults")
+    real = next(c for c in PREPROCESS_CASES if c.name == "preprocess-out-is-a-file")
+    planted = [
+        Case("planted-wrong-exit", "traceback", "as above, but expecting exit 1 and another name", 1,
+             ("nowhere.txt",), real.setup),
+        Case("planted-traceback", "traceback", "a command that dies with a traceback", 2, ("boom",),
+             lambda work: ["-c", "raise ValueError('boom')"]),
+    ]
+    monkeypatch.setattr(faults, "CASES", [real, *planted])
+    md, js = tmp_path / "t.md", tmp_path / "t.json"
+    code = faults.main(["--work", str(tmp_path / "w"), "--md", str(md), "--json", str(js)])
+    assert code == 1
+    record = json.loads(js.read_text())
+    rows = {c["case"]: c for c in record["cases"]}
+    assert rows[real.name]["verdict"] == "OK" and rows[real.name]["exit"] == 2
+    assert rows[real.name]["message"].startswith("preprocess: error: --out W/c01/file.txt is a file")
+    assert (rows["planted-wrong-exit"]["verdict"], rows["planted-wrong-exit"]["reason"]) == (
+        "WEAK", "exit 2, expected 1; the message does not name 'nowhere.txt'")
+    assert rows["planted-traceback"]["verdict"] == "DEFECT"
+    assert rows["planted-traceback"]["reason"].startswith("a traceback; exit 1, expected 2")
+    assert record["counts"] == {"OK": 1, "WEAK": 1, "DEFECT": 1, "SKIP": 0}
+    table = md.read_text().splitlines()
+    assert len([r for r in table if r.startswith("| `")]) == 3
+    assert "| **WEAK**: exit 2, expected 1;" in next(r for r in table if "planted-wrong-exit" in r)
+    assert "3 cases: 1 OK, 1 WEAK, 1 DEFECT, 0 SKIP" in capsys.readouterr().out
+    def cannot(work):
+        raise Skip("cannot mount a tmpfs (not root?)")
+    monkeypatch.setattr(faults, "CASES", [real, Case("planted-skip", "traceback", "x", 2, (), cannot)])
+    assert faults.main(["--work", str(tmp_path / "w2"), "--json", str(js)]) == 0  # a SKIP fails nothing
+    assert [c["verdict"] for c in json.loads(js.read_text())["cases"]] == ["OK", "SKIP"]

@@ -1,0 +1,64 @@
+"""What the figures share: matplotlib set up for files, atomic PNG writing, class labels, choosing images."""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")  # files only: never open a window (and work without a display)
+import matplotlib.pyplot as plt  # noqa: E402
+import numpy as np  # noqa: E402
+import torch  # noqa: E402
+from matplotlib.figure import Figure  # noqa: E402
+
+from ..evaluation import class_words  # noqa: E402
+
+DPI = 100  # figures sized in pixels are drawn at this resolution, so 1 figure pixel = 1 PNG pixel
+
+
+def save_png(fig: Figure, out: str | os.PathLike, dpi: int = DPI) -> Path:
+    """Write `fig` to `out` atomically (a temporary file renamed) and close it."""
+    out = Path(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.with_name(f".{out.stem}.{os.getpid()}.tmp.png")
+    try:
+        fig.savefig(tmp, dpi=dpi, format="png")
+        os.replace(tmp, out)
+    finally:
+        plt.close(fig)
+        tmp.unlink(missing_ok=True)
+    return out
+
+
+def class_labels(meta: dict, num_classes: int) -> list[str]:
+    """A short name per class: the first of its words (meta.json's class_names), else its wnid, else
+    'class i'."""
+    wnids, words = class_words(meta)
+    out = []
+    for i in range(num_classes):
+        word = words[i].split(",")[0].strip() if i < len(words) else ""
+        out.append(word or (wnids[i] if i < len(wnids) else "") or f"class {i}")
+    return out
+
+
+def seeded_choice(total: int, count: int, seed: int, stream: int) -> np.ndarray:
+    """`count` distinct positions of `total` (all if fewer), sorted; a pure function of (seed, stream), so
+    each figure draws its own images and a re-run draws the same."""
+    rng = np.random.default_rng([seed, stream])
+    return np.sort(rng.choice(total, size=min(count, total), replace=False)).astype(np.int64)
+
+
+def center_crop(images: np.ndarray, crop: int) -> np.ndarray:
+    """The center crop the model sees (as evaluation's), of uint8 N x S x S x 3 images."""
+    o = (images.shape[1] - crop) // 2
+    return images[:, o:o + crop, o:o + crop]
+
+
+def read_entries(path: str | os.PathLike) -> dict:
+    """A checkpoint's dict, its tensors memory-mapped (not read) where the file allows it: for the small
+    entries (config, epoch). Raises what torch.load raises for an unreadable file."""
+    try:
+        return torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+    except RuntimeError:  # a file of torch's legacy (non-zip) format cannot be mapped
+        return torch.load(path, map_location="cpu", weights_only=True)

@@ -1,0 +1,157 @@
+"""Fig. 4 (right) of Krizhevsky et al. 2012: validation images, each followed by the training images
+whose last hidden layer (fc7 after its ReLU, the input of the classifier's last linear layer) is
+nearest in Euclidean distance.
+
+The training images are a seeded subset (``--train-images``) of the train split; their features are
+computed in batches on the evaluation device and cached in a .npz named by a digest of everything
+they depend on (the weights' path, size and modification time, the data folder and its meta.json, the
+subset, the crop and normalisation), so a re-run with the same inputs reads them back.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import sys
+from pathlib import Path
+
+import matplotlib.pyplot as plt
+import numpy as np
+import torch
+from torch import nn
+from tqdm import tqdm
+
+from data.augment import center_crops
+from data.reader import SplitData
+
+from ..evaluation import Prepared, read_names
+from .common import center_crop, save_png
+
+QUERY_STREAM, TRAIN_STREAM = 2, 3  # seeded_choice streams of the queries and of the training subset
+_CACHE_VERSION = 1  # bump when the features' definition changes
+
+
+def last_hidden(model: nn.Module, x: torch.Tensor) -> torch.Tensor:
+    """The input of the model's last nn.Linear (fc7's activations, as the model applies them at test
+    time) for the normalised batch `x`, float32 N x D."""
+    last = [m for m in model.modules() if isinstance(m, nn.Linear)][-1]
+    seen: list[torch.Tensor] = []
+    handle = last.register_forward_hook(lambda module, inputs, output: seen.append(inputs[0]))
+    try:
+        model(x)
+    finally:
+        handle.remove()
+    return seen[0].float()
+
+
+def features(prep: Prepared, data: SplitData, indices: np.ndarray, device: torch.device, batch_size: int = 100,
+             progress: bool = False, desc: str = "fc7 features") -> np.ndarray:
+    """last_hidden of the center crops of `data`'s images at `indices`, in batches: float32 N x D."""
+    model, crop = prep.model.to(device).eval(), prep.info["crop"]
+    out = []
+    with torch.no_grad(), tqdm(total=len(indices), unit="img", desc=desc, disable=not progress,
+                               dynamic_ncols=True) as bar:
+        for start in range(0, len(indices), batch_size):
+            images, _ = data.read(indices[start:start + batch_size])
+            x8 = torch.from_numpy(images).to(device)
+            x = prep.normalizer(x8, center_crops(len(images), data.image_size, crop), crop)
+            out.append(last_hidden(model, x).cpu().numpy())
+            bar.update(len(images))
+    return np.concatenate(out) if out else np.zeros((0, 0), np.float32)
+
+
+def stamp(path: str | os.PathLike) -> list:
+    """What changes when a weights file or folder changes: sizes and modification times."""
+    p = Path(path)
+    files = sorted(f for f in p.iterdir() if f.is_file()) if p.is_dir() else [p]
+    return [[f.name, f.stat().st_size, f.stat().st_mtime_ns] for f in files]
+
+
+def cache_key(weights: str | os.PathLike, prep: Prepared, train: SplitData, indices: np.ndarray) -> str:
+    """A digest of everything the training features depend on."""
+    parts = {"version": _CACHE_VERSION, "weights": str(Path(weights).resolve()), "stamp": stamp(weights),
+             "data": str(train.root.resolve()), "meta": stamp(train.root / "meta.json"),
+             "indices": hashlib.sha256(np.ascontiguousarray(indices, np.int64).tobytes()).hexdigest(),
+             "crop": prep.info["crop"], "mean": prep.mean,
+             "mean_stamp": stamp(prep.mean) if prep.mean not in ("data", "caffe_channel") else None,
+             **{k: prep.info.get(k) for k in ("arch", "epoch", "theano_conv", "source")}}
+    return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()[:20]
+
+
+def train_features(prep: Prepared, train: SplitData, indices: np.ndarray, weights: str | os.PathLike,
+                   device: torch.device, cache: Path | None, batch_size: int = 100,
+                   progress: bool = False) -> tuple[np.ndarray, bool]:
+    """Features of the training images at `indices`, read from `cache` when there (and True), else
+    computed and written there (and False)."""
+    path = None if cache is None else cache / f"fc7-{cache_key(weights, prep, train, indices)}.npz"
+    if path is not None and path.is_file():
+        try:
+            with np.load(path, allow_pickle=False) as f:
+                if np.array_equal(f["indices"], indices):
+                    return f["features"], True
+        except (OSError, ValueError, KeyError) as e:  # a damaged cache file is only a recomputation
+            print(f"note: {path} is unreadable ({e}); computing the features again", file=sys.stderr)
+    feats = features(prep, train, indices, device, batch_size, progress, desc="fc7 of training images")
+    if path is not None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f".{path.stem}.{os.getpid()}.tmp.npz")
+        try:
+            np.savez(tmp, features=feats, indices=indices)
+            os.replace(tmp, path)
+        finally:
+            tmp.unlink(missing_ok=True)
+    return feats, False
+
+
+def nearest(train: np.ndarray, queries: np.ndarray, m: int) -> tuple[np.ndarray, np.ndarray]:
+    """For each query row, the rows of `train` nearest in Euclidean distance (K x M positions, nearest
+    first, ties in row order) and their distances."""
+    t, q = train.astype(np.float64), queries.astype(np.float64)
+    d2 = (q * q).sum(1)[:, None] - 2 * q @ t.T + (t * t).sum(1)[None, :]
+    order = np.argsort(d2, axis=1, kind="stable")[:, :m]
+    return order, np.sqrt(np.maximum(np.take_along_axis(d2, order, axis=1), 0))
+
+
+def neighbour_records(prep: Prepared, train: SplitData, subset: np.ndarray, train_feats: np.ndarray,
+                      queries: np.ndarray, m: int, labels: list[str], device: torch.device
+                      ) -> tuple[list[dict], np.ndarray, np.ndarray]:
+    """One record per query (its index, name, label and its `m` neighbours'), the queries' crops and
+    the neighbours' crops (K x M x crop x crop x 3)."""
+    crop = prep.info["crop"]
+    q_images, q_labels = prep.data.read(queries)
+    order, dist = nearest(train_feats, features(prep, prep.data, queries, device), m)
+    found = subset[order]  # global training indices, K x M
+    n_images, n_labels = train.read(found.reshape(-1))
+    n_names = read_names(train, found.reshape(-1))
+    records = []
+    for k, (i, name, y) in enumerate(zip(queries, read_names(prep.data, queries), q_labels)):
+        near = [{"index": int(found[k, j]), "name": n_names[k * m + j], "label": int(n_labels[k * m + j]),
+                 "label_name": labels[n_labels[k * m + j]], "distance": float(dist[k, j])} for j in range(m)]
+        records.append({"index": int(i), "name": name, "label": int(y), "label_name": labels[y], "neighbours": near})
+    shown = center_crop(n_images, crop).reshape(len(queries), m, crop, crop, 3)
+    return records, center_crop(q_images, crop), shown
+
+
+def draw_neighbours(records: list[dict], queries: np.ndarray, found: np.ndarray, title: str,
+                    out: str | os.PathLike) -> None:
+    """Write neighbours.png: a row per query, the query (red frame) then its neighbours, nearest first."""
+    rows, cols = len(records), 1 + found.shape[1]
+    fig, axes = plt.subplots(rows, cols, figsize=(1.35 * cols, 1.55 * rows + 0.5), squeeze=False)
+    for rec, q, row_images, row in zip(records, queries, found, axes):
+        _cell(row[0], q, f"{rec['label_name'][:16]}\n(query)", "tab:red")
+        for ax, image, near in zip(row[1:], row_images, rec["neighbours"]):
+            same = near["label"] == rec["label"]
+            _cell(ax, image, f"{near['label_name'][:16]}\nd={near['distance']:.3g}", "tab:green" if same else "0.5")
+    fig.suptitle(title, fontsize=9)
+    fig.tight_layout()
+    save_png(fig, out)
+
+
+def _cell(ax, image: np.ndarray, text: str, frame: str) -> None:
+    ax.imshow(image, interpolation="nearest")
+    ax.set_xticks([])
+    ax.set_yticks([])
+    for spine in ax.spines.values():
+        spine.set_color(frame)
+        spine.set_linewidth(2)
+    ax.set_title(text, fontsize=6, color=frame if frame != "0.5" else "black")

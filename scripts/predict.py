@@ -1,0 +1,160 @@
+#!/usr/bin/env python3
+"""Top-5 classes of JPEG/PNG images, with names and probabilities, for weights in any format evaluate.py takes.
+
+Our checkpoint, with the preprocessed folder it was trained on (its image size, mean image, wnids and
+class names):
+
+    python scripts/predict.py runs/alexnet_1gpu/checkpoints/best.pt photo.jpg --data imagenet256
+
+torchvision's AlexNet (per-channel normalisation, 1,000 classes in sorted-wnid order), named by Kaggle's
+LOC_synset_mapping.txt or the devkit:
+
+    python scripts/predict.py alexnet_tv.pt cat.png dog.jpg --class-names LOC_synset_mapping.txt
+
+Each image is decoded as preprocessing does (data.decode: shorter side to --size, central square; or
+the straight resize of --resize warp), then center-cropped (or 10 crops) and normalised as the weights
+expect. Exit codes: 0 done, 2 bad input (weights, data, or an image that cannot be decoded).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import torch  # noqa: E402
+
+from alexnet.checkpoint import CheckpointError  # noqa: E402
+from alexnet.evaluation import load_weights, predict_log_probs  # noqa: E402
+from alexnet.models import ARCHS  # noqa: E402
+from data.augment import Normalizer  # noqa: E402
+from data.classnames import read_class_names  # noqa: E402
+from data.decode import RESIZE_MODES, load_image  # noqa: E402
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter,
+                                epilog="\n".join(__doc__.splitlines()[2:]))
+    p.add_argument("weights", help="checkpoint (.pt), state_dict file, or a Theano weights folder")
+    p.add_argument("images", nargs="+", help="JPEG/PNG files")
+    p.add_argument("--data", help="the scripts/preprocess.py folder the weights were trained on: image size, resize "
+                   "mode, mean image, wnids and class names")
+    p.add_argument("--class-names", metavar="FILE", help="'<wnid> <words>' lines (LOC_synset_mapping.txt) or the "
+                   "devkit; without wnids from the weights or --data, a file of exactly as many wnids as the "
+                   "model has classes numbers them in sorted order")
+    p.add_argument("--arch", choices=ARCHS, help="needed only for plain alexnet/caffenet state dicts")
+    p.add_argument("--epoch", type=int, help="Theano folder: the epoch to load (default: the highest)")
+    p.add_argument("--theano-conv", choices=("cudnn", "cudaconvnet"), help="Theano folder: its lib_conv")
+    p.add_argument("--mean", help="a mean image .npy, (3, S, S) or (S, S, 3), for weights normalised by a mean image")
+    p.add_argument("--size", type=int, help="decoded side (default: --data's image size, else 256)")
+    p.add_argument("--resize", choices=RESIZE_MODES, help="default: --data's mode, else warp for Theano weights "
+                   "and short for the rest")
+    p.add_argument("--crops", type=int, choices=(1, 10), default=1, help="1: center crop; 10: corners+center, "
+                   "plain and mirrored, probabilities averaged (default 1)")
+    p.add_argument("--top", type=int, default=5, help="how many classes to print (default 5)")
+    p.add_argument("--json", help="also write the predictions as JSON to this file")
+    p.add_argument("--device", default="cpu", help="cpu | cuda | cuda:N (default cpu)")
+    return p.parse_args(argv)
+
+
+def _read_data(folder: str | None) -> tuple[dict | None, Path | None]:
+    if folder is None:
+        return None, None
+    path = Path(folder) / "meta.json"
+    try:
+        return json.loads(path.read_text()), Path(folder)
+    except (OSError, ValueError) as e:
+        raise ValueError(f"--data {folder}: cannot read {path} ({e})") from None
+
+
+def class_table(info: dict, meta: dict | None, names_file: str | None) -> list[tuple[str, str]]:
+    """(wnid, words) of each output of the model, '' where unknown."""
+    n = info["num_classes"]
+    wnids = info.get("classes") or (meta or {}).get("classes")
+    words: dict[str, str] = {}
+    if meta and isinstance(meta.get("class_names"), list):
+        words.update(zip(meta["classes"], meta["class_names"]))
+    if names_file:
+        from_file = read_class_names(names_file)
+        words.update(from_file)
+        if wnids is None and len(from_file) == n:
+            wnids = sorted(from_file)  # torchvision's and Caffe's numbering: the sorted wnids
+    if wnids is None:
+        return [("", "")] * n
+    if len(wnids) != n:
+        raise ValueError(f"the model has {n} classes but its class list has {len(wnids)}")
+    if meta and info.get("classes") and list(info["classes"]) != list(meta["classes"]):
+        raise ValueError("the weights' classes differ from those of --data: its names would be wrong")
+    return [(w, words.get(w, "")) for w in wnids]
+
+
+def _normalizer(info: dict, meta: dict | None, root: Path | None, mean_file: str | None, size: int,
+                device: torch.device) -> Normalizer:
+    """The normalisation the weights were trained with: per-channel constants or a mean image."""
+    if info["mean"] != "image":
+        return Normalizer(info["mean"], None, info["channel_mean"], info["channel_std"], device)
+    if mean_file:
+        from alexnet.weights.mean_image import read_mean_image
+        return Normalizer("image", read_mean_image(mean_file, size), device=device)
+    if root is None:
+        raise ValueError("these weights subtract their training set's mean image: pass --data DIR (its mean.npy) "
+                         "or --mean FILE")
+    mean = np.load(root / meta.get("mean", "mean.npy"), allow_pickle=False)
+    if mean.shape != (size, size, 3):
+        raise ValueError(f"{root}'s mean image is {mean.shape}, the images are decoded at {size}x{size}")
+    return Normalizer("image", mean.astype(np.float32), device=device)
+
+
+def predict(args: argparse.Namespace) -> list[dict]:
+    """One record per image: its file and the top classes (index, wnid, name, probability)."""
+    model, info = load_weights(args.weights, args.arch, epoch=args.epoch, theano_conv=args.theano_conv)
+    meta, root = _read_data(args.data)
+    size = args.size or int((meta or {}).get("image_size", 256))
+    resize = args.resize or (meta or {}).get("resize") or ("warp" if info["source"] == "theano" else "short")
+    if info["crop"] > size:
+        raise ValueError(f"the weights take {info['crop']}x{info['crop']} crops, larger than --size {size}")
+    table = class_table(info, meta, args.class_names)
+    device = torch.device(args.device)
+    normalizer = _normalizer(info, meta, root, args.mean, size, device)
+    images = np.stack([_decode(p, size, resize) for p in args.images])
+    with torch.no_grad():
+        probs = predict_log_probs(model.to(device), torch.from_numpy(images).to(device), info["crop"], normalizer,
+                                  args.crops)
+    probs = probs.exp().double().cpu()
+    top = probs.topk(min(args.top, probs.shape[1]), dim=1)
+    return [{"image": str(path), "top": [{"index": int(c), "wnid": table[c][0], "name": table[c][1],
+                                          "prob": float(p)} for p, c in zip(values.tolist(), indices.tolist())]}
+            for path, values, indices in zip(args.images, top.values, top.indices)]
+
+
+def _decode(path: str, size: int, resize: str) -> np.ndarray:
+    try:
+        return load_image(path, size, resize)
+    except Exception as e:  # whatever Pillow raises for a missing, empty or undecodable file
+        raise ValueError(f"{path}: cannot decode the image ({type(e).__name__}: {e})") from None
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    try:
+        records = predict(args)
+    except (CheckpointError, OSError, ValueError) as e:  # DataError and FormatError are ValueErrors
+        print(f"predict.py: error: {e}", file=sys.stderr)
+        return 2
+    for rec in records:
+        print(rec["image"])
+        for k, t in enumerate(rec["top"], start=1):
+            label = " ".join(v for v in (t["wnid"], t["name"]) if v) or f"class {t['index']}"
+            print(f"  {k}. {100 * t['prob']:6.2f} %  {label}" + (f"  (class {t['index']})" if t["wnid"] else ""))
+    if args.json:
+        Path(args.json).write_text(json.dumps(records, indent=1) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

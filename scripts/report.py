@@ -1,0 +1,72 @@
+#!/usr/bin/env python3
+"""One self-contained page per training run: config, curves, checkpoints, the paper's figures, per-class results.
+
+    python scripts/report.py demo/run                       # -> demo/run/report.html (+ report.json, figures/)
+    python scripts/report.py runs/alexnet_1gpu --data /data/imagenet256 --train-images 10000
+
+The page (report.html, no network needed: pictures embedded, no scripts) shows the resolved config
+(config.yaml), the learning curves (train and validation loss, validation top-1/top-5 error against
+epoch and time, the lr), the training throughput, the checkpoints, the three figures of
+scripts/figures.py for the best checkpoint, and per-class results of the best checkpoint on the
+validation split (the best and worst 10 classes by top-1 error, the most confused pairs), from the
+same evaluation as `scripts/evaluate.py --json`. report.json beside it holds the tables; the figures
+and their JSON go to figures/ beside it. The data folder defaults to the run config's data.root.
+
+Exit codes: 0 done, 2 bad input (a run directory without metrics or checkpoints, data that does not fit).
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from alexnet.cli import guarded, positive  # noqa: E402
+from alexnet.distributed import pick_device  # noqa: E402
+from alexnet.evaluation import prepare  # noqa: E402
+from alexnet.figures.make import FigureOptions  # noqa: E402
+from alexnet.figures.report import data_root, read_run, write_report  # noqa: E402
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter,
+                                epilog="\n".join(__doc__.splitlines()[2:]))
+    p.add_argument("run", metavar="RUN_DIR", help="a run directory of train.py (run.dir)")
+    p.add_argument("--data", help="the preprocessed data folder (default: the run config's data.root)")
+    p.add_argument("--out", help="the page (default RUN_DIR/report.html)")
+    p.add_argument("--train-images", type=positive, default=2000, help="neighbours figure: the seeded subset of "
+                   "training images searched (default 2000)")
+    p.add_argument("--seed", type=int, default=0, help="seeds the choice of images in the figures (default 0)")
+    p.add_argument("--batch-size", type=positive, default=100, help="images per forward pass (default 100)")
+    p.add_argument("--device", default="auto", help="auto (cuda if present) | cpu | cuda | cuda:N")
+    p.add_argument("--no-progress", action="store_true", help="no progress bars")
+    return p.parse_args(argv)
+
+
+def run(args: argparse.Namespace) -> Path:
+    the_run = read_run(args.run)
+    try:
+        device = pick_device(args.device)
+    except RuntimeError as e:  # cuda asked for but absent
+        raise ValueError(str(e)) from None
+    prep = prepare(the_run.best, data_root(the_run, args.data), device=device, prog="report.py")
+    out = Path(args.out) if args.out else the_run.root / "report.html"
+    opts = FigureOptions(train_images=args.train_images, seed=args.seed, batch_size=args.batch_size,
+                         progress=not args.no_progress)
+    write_report(the_run, prep, out, opts, device)
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    code, out = guarded("report.py", lambda: run(args))
+    if code:
+        return code
+    print(f"report: {out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,116 @@
+"""scripts/predict.py (top classes of any JPEG/PNG, named) and the class names in evaluate.py's CSV and JSON;
+expectations computed by hand (numpy crops and normalisation, the model called directly)."""
+from __future__ import annotations
+
+import csv
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from alexnet.models import build_model
+from data.classnames import read_synset_mapping
+from data.decode import load_image
+from data.distributions import synthetic_tree, write_synset_mapping
+from data.preprocess import Options, preprocess
+from tests.conftest import run_script
+
+TV_MEAN, TV_STD = np.array([0.485, 0.456, 0.406]), np.array([0.229, 0.224, 0.225])
+
+
+def _probs(model: torch.nn.Module, x: np.ndarray) -> np.ndarray:
+    """Softmax of the model on float64 N x H x W x 3 inputs, in float64."""
+    with torch.no_grad():
+        logits = model(torch.from_numpy(x.transpose(0, 3, 1, 2).astype(np.float32))).double()
+    return torch.softmax(logits, 1).numpy()
+
+
+@pytest.fixture(scope="module")
+def named_data(synth, tmp_path_factory) -> Path:
+    """The synthetic tree at 72x72 (caffenet's crop 67 fits) with class names from a mapping file."""
+    root, _ = synth
+    tmp = tmp_path_factory.mktemp("named")
+    names = write_synset_mapping(synthetic_tree(root).words, tmp / "LOC_synset_mapping.txt")
+    preprocess(root / "train", tmp / "data", root / "val", root / "val.txt", Options(size=72, per_file=16),
+               workers=2, quiet=True, class_names=names)
+    return tmp / "data"
+
+
+def test_predict_torchvision_weights_names_and_probabilities(synth, tmp_path):
+    root, manifest = synth
+    images = [str(root / "train" / manifest["classes"][c] / f"{manifest['classes'][c]}_{i:05d}.JPEG")
+              for c, i in ((0, 1), (2, 3))]
+    model = build_model("owt", num_classes=7, width=0.125, crop=224, init="torch").eval()
+    torch.save(model.state_dict(), tmp_path / "tv.pt")
+    wnids = [f"n0{k}000000" for k in (5, 2, 6, 0, 4, 1, 3)]  # listed unsorted: the model's order is sorted
+    mapping = tmp_path / "map.txt"
+    mapping.write_text("".join(f"{w} words of {w}, {k}\n" for k, w in enumerate(wnids)))
+    r = run_script("scripts/predict.py", str(tmp_path / "tv.pt"), *images, "--class-names", str(mapping),
+                   "--json", str(tmp_path / "p.json"))
+    assert r.returncode == 0, r.stderr
+    x = np.stack([load_image(p, 256, "short")[16:240, 16:240] for p in images]) / 255.0
+    expected = _probs(model, (x - TV_MEAN) / TV_STD)
+    words, order = read_synset_mapping(mapping), sorted(wnids)
+    records = json.loads((tmp_path / "p.json").read_text())
+    for rec, p in zip(records, expected):
+        top = np.argsort(-p)[:5]
+        assert [t["index"] for t in rec["top"]] == top.tolist()
+        np.testing.assert_allclose([t["prob"] for t in rec["top"]], p[top], rtol=1e-4)
+        assert [t["wnid"] for t in rec["top"]] == [order[c] for c in top]
+        block = r.stdout.split(rec["image"] + "\n")[1].splitlines()[:5]
+        for line, c in zip(block, top):
+            assert f"{100 * p[c]:.2f} %" in line and f"{order[c]} {words[order[c]]}" in line
+
+
+def test_predict_mean_image_weights_with_data(named_data, synth, tmp_path):
+    root, manifest = synth
+    image = str(root / "val" / "ILSVRC2012_val_00000002.JPEG")
+    model = build_model("caffenet", num_classes=4, width=0.125, crop=67, init="torch").eval()
+    torch.save(model.state_dict(), tmp_path / "c.pt")
+    base = ["scripts/predict.py", str(tmp_path / "c.pt"), image, "--arch", "caffenet"]
+    r = run_script(*base)
+    assert r.returncode == 2 and "--data" in r.stderr  # its mean image is needed
+    r = run_script(*base, "--data", str(named_data), "--json", str(tmp_path / "p.json"), "--top", "3")
+    assert r.returncode == 0, r.stderr
+    mean = np.load(named_data / "mean.npy").astype(np.float64)
+    x = (load_image(image, 72, "short").astype(np.float64) - mean)[2:69, 2:69]
+    p = _probs(model, x[None])[0]
+    top = np.argsort(-p)[:3]
+    rec = json.loads((tmp_path / "p.json").read_text())[0]
+    meta = json.loads((named_data / "meta.json").read_text())
+    assert [t["index"] for t in rec["top"]] == top.tolist()
+    np.testing.assert_allclose([t["prob"] for t in rec["top"]], p[top], rtol=1e-4)
+    assert [t["name"] for t in rec["top"]] == [meta["class_names"][c] for c in top]
+    bad = tmp_path / "broken.JPEG"
+    bad.write_bytes(b"\xff\xd8 not really")
+    r = run_script(*base, str(bad), "--data", str(named_data))
+    assert r.returncode == 2 and str(bad) in r.stderr
+
+
+def test_evaluate_outputs_name_true_and_predicted_classes(named_data, tmp_path):
+    model = build_model("caffenet", num_classes=4, width=0.125, crop=67, init="torch").eval()
+    torch.save(model.state_dict(), tmp_path / "c.pt")
+    r = run_script("scripts/evaluate.py", "--data", str(named_data), "--weights", str(tmp_path / "c.pt"), "--arch",
+                   "caffenet", "--csv", str(tmp_path / "e.csv"), "--json", str(tmp_path / "e.json"), "--device",
+                   "cpu", "--no-progress")
+    assert r.returncode == 0, r.stderr
+    meta = json.loads((named_data / "meta.json").read_text())
+    wnids, names = meta["classes"], meta["class_names"]
+    with open(tmp_path / "e.csv", newline="") as f:
+        rows = list(csv.DictReader(f))
+    for row in rows:
+        label = int(row["label"])
+        assert (row["label_wnid"], row["label_name"]) == (wnids[label], names[label])
+        for k in range(1, 5):  # 4 classes: pred5 is empty
+            c = int(row[f"pred{k}"])
+            assert (row[f"pred{k}_wnid"], row[f"pred{k}_name"]) == (wnids[c], names[c])
+        assert row["pred5_wnid"] == row["pred5_name"] == ""
+    record = json.loads((tmp_path / "e.json").read_text())
+    assert [c["wnid"] for c in record["per_class"]] == wnids and [c["name"] for c in record["per_class"]] == names
+    for c, entry in enumerate(record["per_class"]):
+        mine = [row for row in rows if int(row["label"]) == c]
+        assert entry["n"] == len(mine)
+        assert entry["top1_err"] == pytest.approx(np.mean([row["correct1"] == "0" for row in mine]))
+        assert entry["top5_err"] == pytest.approx(np.mean([row["correct5"] == "0" for row in mine]))

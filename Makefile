@@ -1,17 +1,32 @@
 # Two commands set up a fresh machine without a GPU (see README.md):
-#   make demo   generate a small ImageNet-format tree, preprocess it, train, evaluate, plot
+#   make demo   generate a small ImageNet-format tree, preprocess it, train, evaluate, plot, report
 #   make test   the CPU test suite (what CI runs)
 # On a GPU machine (torch preinstalled, nothing installed):
-#   make gpu-check   prove every GPU path in <= 10 minutes: report in gpu_check/gpu_check.md (and .json, logs/)
-PYTHON ?= python3
+#   make gpu-check   prove the GPU paths one GPU can prove, in <= 540 s: report in gpu_check/gpu_check.md (.json, logs/)
+#   make gpu-bench   the full-size benchmarks, in <= 540 s: report in gpu_check/bench/gpu_check.md
+# demo and test run in the active virtual environment or conda env; without one, in a project .venv
+# made on first use (Debian 12 and Ubuntu >= 23.04 refuse pip installs into the system python, PEP 668).
+# It sees the base interpreter's packages (--system-site-packages), so what is installed at the pinned
+# versions is not installed again. PYTHON=... overrides all of this.
+VENV ?= .venv
+ifneq ($(VIRTUAL_ENV),)
+PYTHON ?= $(VIRTUAL_ENV)/bin/python
+else ifneq ($(CONDA_PREFIX),)
+PYTHON ?= $(CONDA_PREFIX)/bin/python
+else
+PYTHON ?= $(VENV)/bin/python
+endif
+# gpu-check, gpu-bench, test-gpu: the machine's own Python, with nothing installed.
+GPU_PYTHON ?= python3
 DEMO   ?= demo
 
-.PHONY: setup demo test test-gpu gpu-check lint clean-demo
+.PHONY: setup demo test test-gpu gpu-check gpu-bench lint clean-demo
 
 # The demo, the main job on generated data: 10 learnable classes, 100 train and 20 val images each,
 # plus the real set's file quirks (CMYK, grayscale, PNG named .JPEG, truncated, empty, stray files);
 # preprocessed at 128x128, trained with configs/demo.yaml (a loader process, CPU), evaluated with
-# 1 and 10 crops, learning curve drawn. Re-running resumes or skips what is done.
+# 1 and 10 crops, learning curve drawn, and demo/run/report.html (figures, per-class results) written.
+# Re-running resumes or skips what is done.
 demo: setup
 	$(PYTHON) scripts/make_synthetic.py --out $(DEMO)/src --classes 10 --train-per-class 100 --val-per-class 20
 	$(PYTHON) scripts/preprocess.py --train-dir $(DEMO)/src/train --val-dir $(DEMO)/src/val \
@@ -22,8 +37,14 @@ demo: setup
 	$(PYTHON) scripts/evaluate.py --data $(DEMO)/data --weights $(DEMO)/run/checkpoints/best.pt --crops 10 \
 		--json $(DEMO)/run/eval_10crop.json --csv $(DEMO)/run/predictions.csv --no-progress
 	$(PYTHON) scripts/plot.py $(DEMO)/run --out $(DEMO)/run/learning_curve.png
+	$(PYTHON) scripts/report.py $(DEMO)/run --no-progress
 
 setup:
+	@if [ "$(PYTHON)" = "$(VENV)/bin/python" ] && [ ! -x "$(VENV)/bin/python" ]; then \
+		echo "make: no active virtual environment; creating $(VENV) (python3 -m venv --system-site-packages)"; \
+		python3 -m venv --system-site-packages $(VENV) || { rm -rf $(VENV); \
+		echo "make: python3 -m venv failed. On Debian/Ubuntu: sudo apt install python3-venv; or activate any virtual environment (or conda env) and run make again." >&2; exit 1; }; \
+	fi
 	$(PYTHON) -m pip install -q -r requirements.txt
 
 test: setup
@@ -31,13 +52,21 @@ test: setup
 
 # On a GPU machine with torch preinstalled: no install step, GPU-marked tests included.
 test-gpu:
-	$(PYTHON) -m pytest -q -m gpu
+	$(GPU_PYTHON) -m pytest -q -m gpu
 
-# Every GPU path, each step in its own process with a time limit (tests, SIGINT resume, replicas on one
-# and on two GPUs, torchrun, evaluation, speed options, benchmarks); exit 1 if a step failed.
-# No GPU: `$(PYTHON) scripts/gpu_check.py --device cpu --out DIR` runs the CPU twin (proves the script only).
+# The GPU proofs, each step in its own process with a time limit (SIGINT resume with a loader process,
+# replicas, evaluation, the gpu-marked tests, model parallelism, speed options; with 2 GPUs the NCCL paths),
+# the most valuable first; exit 1 if a step failed. GPU_BUDGET seconds from the process's start, clean-up
+# included, so each command ends within a 10-minute limit. `scripts/gpu_check.py --quick` proves the core
+# in <= 180 s. No GPU: `$(PYTHON) scripts/gpu_check.py --device cpu --out DIR` runs the CPU twin (proves
+# the script only; add --bench for the benchmarks' twin).
+GPU_BUDGET ?= 540
 gpu-check:
-	$(PYTHON) scripts/gpu_check.py --out gpu_check
+	$(GPU_PYTHON) scripts/gpu_check.py --out gpu_check --budget $(GPU_BUDGET)
+
+# scripts/benchmark.py train / loading / exchange at full size, their tables in the report.
+gpu-bench:
+	$(GPU_PYTHON) scripts/gpu_check.py --bench --out gpu_check/bench --budget $(GPU_BUDGET)
 
 lint:
 	ruff check .

@@ -91,6 +91,15 @@ def first_non_finite(tensors: Any, name: str = "") -> str | None:
     return None
 
 
+def refuse_non_finite(tensors: Any, source: str | os.PathLike) -> None:
+    """ValueError naming `source` and the first tensor of `tensors` that holds NaN or inf (see
+    first_non_finite): such weights give meaningless predictions, or spread NaN into what is made of them."""
+    bad = first_non_finite(tensors)
+    if bad is not None:
+        raise ValueError(f"{source}: {bad} holds NaN or inf (the first tensor that does): these weights are "
+                         "not usable")
+
+
 def _link_atomic(src: Path, dst: Path) -> None:
     """Make `dst` name the same data as `src` (hard link, else copy), atomically."""
     tmp = dst.with_name(f".{dst.name}.{os.getpid()}.tmp")

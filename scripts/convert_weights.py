@@ -32,7 +32,9 @@ checkpoint at epoch 0 with zero momentum, from which train.py fine-tunes (the sc
 true convolution: kernels are flipped on the way; cudaconvnet is not). --dropout-style: theano (default
 when reading a Theano folder: the arrays unchanged) or inverted (x0.5 folded into fc7 and fc8; when
 writing, inverted-style weights are unfolded). See alexnet/weights/theano_layout.py for the whole mapping.
-Exit codes: 0 done, 2 bad input (missing, unreadable or misshapen files; a file that exists).
+Exit codes: 0 done, 2 bad input (missing, unreadable or misshapen files; weights holding NaN or inf; a file
+that exists; an unwritable destination), 1 a failure of the machine (disk full), 130 Ctrl-C (every file is
+written atomically: those written stay whole).
 """
 from __future__ import annotations
 
@@ -42,7 +44,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from alexnet.checkpoint import CheckpointError, load, save_atomic  # noqa: E402
+from alexnet.checkpoint import load, refuse_non_finite, save_atomic  # noqa: E402
+from alexnet.cli import guarded  # noqa: E402
 from alexnet.models import ARCHS  # noqa: E402
 from alexnet.weights.caffe import is_caffemodel  # noqa: E402
 from alexnet.weights.convert import caffe_checkpoint, theano_checkpoint, to_theano  # noqa: E402
@@ -115,6 +118,7 @@ def to_folder(args: argparse.Namespace) -> str:
         raise ValueError(f"--momentum applies when reading a Theano folder; {args.src} is a file (its "
                          "velocities are written whenever it has them)")
     obj = load(args.src)
+    refuse_non_finite(obj, args.src)
     notes = []
     te = to_theano(obj, args.src, args.theano_conv, arch=args.arch, dropout_style=args.dropout_style,
                    epoch=args.epoch, lr=args.lr, warn=notes.append)
@@ -134,6 +138,7 @@ def from_caffe(args: argparse.Namespace) -> str:
         raise ValueError(f"--theano-conv applies to Theano folders, not when reading {args.src}")
     dst = _check_pt_destination(args, "Caffe model")
     obj = caffe_checkpoint(args.src, args.arch)
+    refuse_non_finite(obj, args.src)
     save_atomic(obj, dst)
     m = obj["config"]["model"]
     config = "configs/caffenet.yaml" if m["arch"] == "caffenet" else "configs/alexnet_1gpu.yaml"
@@ -143,21 +148,21 @@ def from_caffe(args: argparse.Namespace) -> str:
             + (f" model.width={m['width']:g}" if m["width"] != 1 else ""))
 
 
+def convert(args: argparse.Namespace) -> str:
+    """Convert in the direction SRC gives; returns the summary line."""
+    if not Path(args.src).exists():
+        raise ValueError(f"{args.src}: no such file or folder")
+    if Path(args.src).is_dir():
+        return from_theano(args)
+    return from_caffe(args) if is_caffemodel(args.src) else to_folder(args)
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    try:
-        if not Path(args.src).exists():
-            raise ValueError(f"{args.src}: no such file or folder")
-        if Path(args.src).is_dir():
-            line = from_theano(args)
-        else:
-            line = from_caffe(args) if is_caffemodel(args.src) else to_folder(args)
-    # FormatError and ConfigError are ValueErrors; CheckpointError: an unreadable .pt.
-    except (CheckpointError, OSError, ValueError) as e:
-        print(f"convert_weights.py: error: {e}", file=sys.stderr)
-        return 2
-    print(line)
-    return 0
+    code, line = guarded("convert_weights.py", lambda: convert(args))
+    if code == 0:
+        print(line)
+    return code
 
 
 if __name__ == "__main__":

@@ -7,10 +7,10 @@ Our training checkpoint (arch, width, crop and normalisation come from the store
         --json runs/demo/eval.json --csv runs/demo/predictions.csv
 
 torchvision's published AlexNet (arch owt inferred from the keys; for its published 56.5% top-1 use data
-preprocessed with the default `--resize short --size 256`):
+preprocessed with `--resize torchvision --size 256`; on data of another geometry a note says so):
 
     python -c "import torch, torchvision; torch.save(torchvision.models.alexnet(weights='IMAGENET1K_V1').state_dict(), 'alexnet_tv.pt')"
-    python scripts/evaluate.py --data imagenet256 --weights alexnet_tv.pt
+    python scripts/evaluate.py --data imagenet256_tv --weights alexnet_tv.pt
 
 A plain state_dict of our alexnet/caffenet needs `--arch alexnet` or `--arch caffenet` (same keys).
 
@@ -21,9 +21,9 @@ The Theano reproduction's weights (a folder of W_0_65.npy ... files; data prepro
 
 BVLC's Caffe models, bvlc_alexnet.caffemodel or bvlc_reference_caffenet.caffemodel (arch from the layer
 order, Caffe's LRN, crop 227; Caffe's BGR order is taken care of; BVLC's mean file, or without --mean
-Caffe's per-channel mean (B, G, R) = (104, 117, 123)):
+Caffe's per-channel mean (B, G, R) = (104, 117, 123); data preprocessed with `--resize caffe --size 256`):
 
-    python scripts/evaluate.py --data imagenet256 --weights bvlc_alexnet.caffemodel --mean imagenet_mean.binaryproto
+    python scripts/evaluate.py --data imagenet256_caffe --weights bvlc_alexnet.caffemodel --mean imagenet_mean.binaryproto
 
 Exit codes: 0 done, 2 bad input (missing, damaged or unreadable files, weights that do not fit the data or
 hold NaN/inf, an unwritable --json/--csv), 1 a failure of the machine (disk full), 130 Ctrl-C (nothing
@@ -32,26 +32,18 @@ written; earlier outputs stay as they were).
 from __future__ import annotations
 
 import argparse
-import signal
 import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from alexnet.checkpoint import CheckpointError  # noqa: E402
+from alexnet.cli import guarded, positive  # noqa: E402
 from alexnet.distributed import pick_device  # noqa: E402
 from alexnet.evaluation import PRECISIONS, evaluate, prepare  # noqa: E402
 from alexnet.models import ARCHS  # noqa: E402
 from alexnet.weights.theano_layout import THEANO_CONVS  # noqa: E402
-from data.batchfile import BatchFileError, atomic_write_json  # noqa: E402
-from data.fsutil import check_writable, os_error_exit_code, os_error_message  # noqa: E402
-
-
-def _positive(text: str) -> int:
-    n = int(text)
-    if n < 1:
-        raise argparse.ArgumentTypeError(f"must be positive, got {n}")
-    return n
+from data.batchfile import atomic_write_json  # noqa: E402
+from data.fsutil import check_writable  # noqa: E402
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -62,7 +54,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--weights", required=True, help="checkpoint (.pt), state_dict file, a Theano weights folder, or a "
                    "BVLC .caffemodel")
     p.add_argument("--arch", choices=ARCHS, help="needed only for plain alexnet/caffenet state dicts")
-    p.add_argument("--epoch", type=_positive, help="Theano folder: the epoch to load (default: the highest)")
+    p.add_argument("--epoch", type=positive, help="Theano folder: the epoch to load (default: the highest)")
     p.add_argument("--theano-conv", choices=THEANO_CONVS, help="Theano folder: the run's lib_conv (default cudnn, "
                    "as the released weights: kernels are flipped; cudaconvnet: not flipped)")
     p.add_argument("--mean", help="a mean image .npy, (3, S, S) as Theano's img_mean.npy or (S, S, 3), or a Caffe "
@@ -74,7 +66,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--csv", help="write one row per image (name, label, top-5 predictions, correct1/5, "
                    "prob1..prob5: the probability of each prediction, averaged over the crops; then the wnid "
                    "and words of the true class and of each prediction)")
-    p.add_argument("--batch-size", type=_positive, default=100, help="images per forward pass (default 100)")
+    p.add_argument("--batch-size", type=positive, default=100, help="images per forward pass (default 100)")
     p.add_argument("--device", default="auto", help="auto (cuda if present) | cpu | cuda | cuda:N")
     p.add_argument("--split", default="val", help="the split to evaluate (default val)")
     p.add_argument("--precision", choices=PRECISIONS, default="fp32", help="default fp32")
@@ -104,28 +96,16 @@ def run(args: argparse.Namespace) -> dict:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    try:
-        record = run(args)
-    # DataError and ConfigError are ValueErrors; BatchFileError (a corrupt batch file) is an OSError.
-    except (CheckpointError, BatchFileError, ValueError) as e:
-        print(f"evaluate.py: error: {e}", file=sys.stderr)
-        return 2
-    except OSError as e:  # the operating system refused: unwritable --json/--csv, disk full, ...
-        print(f"evaluate.py: error: {os_error_message(e)}", file=sys.stderr)
-        return os_error_exit_code(e)
-    except KeyboardInterrupt:
-        print("evaluate.py: interrupted; nothing written (earlier outputs are unchanged)", file=sys.stderr)
-        return 128 + signal.SIGINT
+    code, record = guarded("evaluate.py", lambda: run(args),
+                           interrupted="; nothing written (earlier outputs are unchanged)")
+    if code:
+        return code
     views = "1 crop" if record["crops"] == 1 else f"{record['crops']} crops"
     print(f"top-1 error {record['top1_err']:.4f}, top-5 error {record['top5_err']:.4f} on {record['n']} images "
           f"({views})")
     if args.json:
-        try:
-            atomic_write_json(args.json, record)
-        except OSError as e:
-            print(f"evaluate.py: error: {os_error_message(e)}", file=sys.stderr)
-            return os_error_exit_code(e)
-    return 0
+        code, _ = guarded("evaluate.py", lambda: atomic_write_json(args.json, record))
+    return code
 
 
 if __name__ == "__main__":

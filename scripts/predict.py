@@ -13,7 +13,8 @@ LOC_synset_mapping.txt or the devkit:
 
 Each image is decoded as preprocessing does (data.decode: shorter side to --size, central square; or
 the straight resize of --resize warp), then center-cropped (or 10 crops) and normalised as the weights
-expect. Exit codes: 0 done, 2 bad input (weights, data, or an image that cannot be decoded).
+expect. Exit codes: 0 done, 2 bad input (weights, data, or an image that cannot be decoded; weights holding
+NaN or inf; an unwritable --json), 1 a failure of the machine (disk full), 130 Ctrl-C.
 """
 from __future__ import annotations
 
@@ -28,16 +29,19 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import torch  # noqa: E402
 
-from alexnet.checkpoint import CheckpointError  # noqa: E402
+from alexnet.checkpoint import refuse_non_finite  # noqa: E402
+from alexnet.cli import OneLineParser, guarded, positive  # noqa: E402
 from alexnet.evaluation import load_weights, predict_log_probs  # noqa: E402
 from alexnet.models import ARCHS  # noqa: E402
 from data.augment import Normalizer  # noqa: E402
+from data.batchfile import atomic_write_json  # noqa: E402
 from data.classnames import read_class_names  # noqa: E402
 from data.decode import RESIZE_MODES, load_image  # noqa: E402
+from data.fsutil import check_writable  # noqa: E402
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0],
+    p = OneLineParser(description=__doc__.splitlines()[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter,
                                 epilog="\n".join(__doc__.splitlines()[2:]))
     p.add_argument("weights", help="checkpoint (.pt), state_dict file, or a Theano weights folder")
@@ -56,7 +60,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                    "and short for the rest")
     p.add_argument("--crops", type=int, choices=(1, 10), default=1, help="1: center crop; 10: corners+center, "
                    "plain and mirrored, probabilities averaged (default 1)")
-    p.add_argument("--top", type=int, default=5, help="how many classes to print (default 5)")
+    p.add_argument("--top", type=positive, default=5, help="how many classes to print (default 5)")
     p.add_argument("--json", help="also write the predictions as JSON to this file")
     p.add_argument("--device", default="cpu", help="cpu | cuda | cuda:N (default cpu)")
     return p.parse_args(argv)
@@ -113,6 +117,7 @@ def _normalizer(info: dict, meta: dict | None, root: Path | None, mean_file: str
 def predict(args: argparse.Namespace) -> list[dict]:
     """One record per image: its file and the top classes (index, wnid, name, probability)."""
     model, info = load_weights(args.weights, args.arch, epoch=args.epoch, theano_conv=args.theano_conv)
+    refuse_non_finite(model.state_dict(), args.weights)
     meta, root = _read_data(args.data)
     size = args.size or int((meta or {}).get("image_size", 256))
     resize = args.resize or (meta or {}).get("resize") or ("warp" if info["source"] == "theano" else "short")
@@ -139,21 +144,23 @@ def _decode(path: str, size: int, resize: str) -> np.ndarray:
         raise ValueError(f"{path}: cannot decode the image ({type(e).__name__}: {e})") from None
 
 
-def main(argv: list[str] | None = None) -> int:
-    args = parse_args(argv)
-    try:
-        records = predict(args)
-    except (CheckpointError, OSError, ValueError) as e:  # DataError and FormatError are ValueErrors
-        print(f"predict.py: error: {e}", file=sys.stderr)
-        return 2
+def run(args: argparse.Namespace) -> None:
+    """Predict, print the top classes of each image, and write --json."""
+    if args.json:
+        check_writable(args.json)  # fail before the model runs, not after
+    records = predict(args)
     for rec in records:
         print(rec["image"])
         for k, t in enumerate(rec["top"], start=1):
             label = " ".join(v for v in (t["wnid"], t["name"]) if v) or f"class {t['index']}"
             print(f"  {k}. {100 * t['prob']:6.2f} %  {label}" + (f"  (class {t['index']})" if t["wnid"] else ""))
     if args.json:
-        Path(args.json).write_text(json.dumps(records, indent=1) + "\n")
-    return 0
+        atomic_write_json(args.json, records)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    return guarded("predict.py", lambda: run(args))[0]
 
 
 if __name__ == "__main__":

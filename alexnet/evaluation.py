@@ -35,10 +35,11 @@ from data.batchfile import open_batch_file
 from data.meta import check_files, class_difference
 from data.reader import BatchReader, SplitData
 
-from .checkpoint import first_non_finite
+from .checkpoint import refuse_non_finite
 from .metrics import topk_correct
 from .precision import autocast_for
 from .weights.common import crop_for_side
+from .weights.geometry import geometry_notice
 from .weights.load import load_weights
 from .weights.mean_image import CAFFE_CHANNEL_MEAN_BGR, caffe_channel_mean, read_mean_image
 
@@ -112,12 +113,12 @@ def prepare(weights: str | os.PathLike, root: str | os.PathLike, split: str = "v
     Raises CheckpointError or ValueError naming the file at fault.
     """
     model, info = load_weights(weights, arch, epoch=epoch, theano_conv=theano_conv)
-    bad = first_non_finite(model.state_dict())
-    if bad is not None:
-        raise ValueError(f"{weights}: {bad} holds NaN or inf (the first tensor that does): these weights are "
-                         "not usable")
+    refuse_non_finite(model.state_dict(), weights)
     data = SplitData(root, split)
     check_compatible(info, data, weights)
+    notice = geometry_notice(weights, info, data.meta, root)
+    if notice:
+        print(f"{prog}: note: {notice}", file=sys.stderr)
     caffe_mean = info["source"] == "caffe" and not mean  # Caffe's per-channel mean, not the data's
     check_files(data.root, data.meta, (split,), mean=info["mean"] == "image" and not mean and not caffe_mean)
     image = read_mean_image(mean, data.image_size) if mean else None

@@ -343,7 +343,8 @@ class Trainer:
                 "global_batch": self.global_batch, "best_top1_err": self.best_err, "elapsed": self.elapsed(),
                 "meter": self.reduce(self.meter.sums.clone()).cpu(), "rng": self.rng_states(),
                 "world": self.dist.world, "config": to_dict(self.cfg), "num_classes": self.num_classes,
-                "classes": list(self.meta["classes"]), "image_size": int(self.meta["image_size"])}
+                "classes": list(self.meta["classes"]), "image_size": int(self.meta["image_size"]),
+                "resize": self.meta.get("resize")}  # the data's geometry, which evaluate.py compares
 
     def save(self, epoch_done: bool, is_best: bool = False) -> None:
         """Checkpoint (every replica takes part, rank 0 writes); never after a non-finite loss.

@@ -41,7 +41,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--size", type=int, default=256, help="output side in pixels (default 256)")
     p.add_argument("--per-file", type=int, default=256, help="images per batch file (default 256)")
     p.add_argument("--resize", choices=RESIZE_MODES, default="short",
-                   help="short: shorter side to --size then central crop (default); warp: straight resize")
+                   help="short: shorter side to --size then central crop (default); warp: straight resize "
+                        "(the Theano weights); caffe: straight resize as OpenCV's cv2.resize (BVLC's Caffe "
+                        "weights); torchvision: Resize(--size), window for CenterCrop(224) (torchvision's "
+                        "weights). caffe and torchvision decode at full size (slower)")
     p.add_argument("--seed", type=int, default=1, help="seed of the training-order shuffle (default 1)")
     p.add_argument("--workers", type=int, default=None, help="worker processes (default: all cores)")
     p.add_argument("--shard-memory", type=_positive_float, metavar="GIB", help="gzip shards: GiB of compressed "

@@ -8,6 +8,7 @@ from torch import nn
 from ..checkpoint import CHECKPOINT_KIND
 from ..config import from_dict
 from .common import Contents, FormatError, load_strict, new_model, weights_info
+from .geometry import checkpoint_geometry
 
 WEIGHTS_KIND = "alexnet-weights"
 
@@ -44,4 +45,5 @@ def _read(path, state: dict, arch: str | None, width: float | None, source: str)
     load_strict(model, state["model"], path)
     info = weights_info(m.arch, m.width, d.crop, d.mean, state["num_classes"], source, d.channel_mean,
                         d.channel_std, state.get("classes"))
+    info["geometry"] = checkpoint_geometry(state)  # the --resize and --size of its data, if known
     return model, info

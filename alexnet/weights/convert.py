@@ -69,7 +69,8 @@ def training_checkpoint(model: torch.nn.Module, cfg: Config, num_classes: int, s
     # best_top1_err stays inf: a converted run's own errors (Theano's validation: per-batch averages over
     # its files) are not comparable with this code's, and best.pt should compare like with like.
     out = {"kind": CHECKPOINT_KIND, "version": 1, "model": model.state_dict(), "config": to_dict(cfg),
-           "num_classes": num_classes, "classes": None, "image_size": None, "optimizer": optimizer.state_dict(),
+           "num_classes": num_classes, "classes": None, "image_size": None, "resize": None,
+           "optimizer": optimizer.state_dict(),
            "schedule": {"auto_factor": 1.0, "auto_last_drop": 0, "val_history": []},
            "epoch": epoch, "step": 0, "global_step": 0, "global_batch": 256, "best_top1_err": math.inf,
            "elapsed": 0.0, "meter": torch.zeros(4, dtype=torch.float64), "rng": [], "world": 1, "source": source}

@@ -33,6 +33,7 @@ from alexnet.checkpoint import refuse_non_finite  # noqa: E402
 from alexnet.cli import OneLineParser, guarded, positive  # noqa: E402
 from alexnet.evaluation import load_weights, predict_log_probs  # noqa: E402
 from alexnet.models import ARCHS  # noqa: E402
+from alexnet.weights.geometry import expected_geometry  # noqa: E402
 from data.augment import Normalizer  # noqa: E402
 from data.batchfile import atomic_write_json  # noqa: E402
 from data.classnames import read_class_names  # noqa: E402
@@ -119,8 +120,10 @@ def predict(args: argparse.Namespace) -> list[dict]:
     model, info = load_weights(args.weights, args.arch, epoch=args.epoch, theano_conv=args.theano_conv)
     refuse_non_finite(model.state_dict(), args.weights)
     meta, root = _read_data(args.data)
-    size = args.size or int((meta or {}).get("image_size", 256))
-    resize = args.resize or (meta or {}).get("resize") or ("warp" if info["source"] == "theano" else "short")
+    # Without --data, decode as the weights' own preprocessing did (torchvision, Caffe, Theano, ours).
+    expected = expected_geometry(info) or {}
+    size = args.size or int((meta or {}).get("image_size") or expected.get("image_size") or 256)
+    resize = args.resize or (meta or {}).get("resize") or expected.get("resize") or "short"
     if info["crop"] > size:
         raise ValueError(f"the weights take {info['crop']}x{info['crop']} crops, larger than --size {size}")
     table = class_table(info, meta, args.class_names)

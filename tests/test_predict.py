@@ -50,7 +50,8 @@ def test_predict_torchvision_weights_names_and_probabilities(synth, tmp_path):
     r = run_script("scripts/predict.py", str(tmp_path / "tv.pt"), *images, "--class-names", str(mapping),
                    "--json", str(tmp_path / "p.json"))
     assert r.returncode == 0, r.stderr
-    x = np.stack([load_image(p, 256, "short")[16:240, 16:240] for p in images]) / 255.0
+    # no --data: decoded as torchvision decodes (Resize(256) + CenterCrop(224), tests/test_geometry.py)
+    x = np.stack([load_image(p, 256, "torchvision")[16:240, 16:240] for p in images]) / 255.0
     expected = _probs(model, (x - TV_MEAN) / TV_STD)
     words, order = read_synset_mapping(mapping), sorted(wnids)
     records = json.loads((tmp_path / "p.json").read_text())
@@ -114,3 +115,23 @@ def test_evaluate_outputs_name_true_and_predicted_classes(named_data, tmp_path):
         assert entry["n"] == len(mine)
         assert entry["top1_err"] == pytest.approx(np.mean([row["correct1"] == "0" for row in mine]))
         assert entry["top5_err"] == pytest.approx(np.mean([row["correct5"] == "0" for row in mine]))
+
+
+@pytest.mark.parametrize("kind, expected", [("torchvision", ("torchvision", 256)), ("state_dict", ("short", 256))])
+def test_without_data_images_are_decoded_as_the_weights_expect(synth, tmp_path, kind, expected):
+    # torchvision weights were measured on torchvision's geometry (pretrained/README.md); a plain state
+    # dict of ours states none, so the default (shorter side, central square) applies.
+    from tests.conftest import load_script
+    root, manifest = synth
+    image = str(root / "train" / manifest["classes"][0] / f"{manifest['classes'][0]}_00001.JPEG")
+    arch = "owt" if kind == "torchvision" else "caffenet"
+    model = build_model(arch, num_classes=4, width=0.125, crop=224 if arch == "owt" else 227, init="torch")
+    torch.save(model.state_dict(), tmp_path / "w.pt")
+    script, seen = load_script("predict"), []
+    real = script._decode
+    script._decode = lambda path, size, resize: seen.append((resize, size)) or real(path, size, resize)
+    extra = [] if kind == "torchvision" else ["--arch", "caffenet", "--mean", str(tmp_path / "m.npy")]
+    if kind != "torchvision":
+        np.save(tmp_path / "m.npy", np.zeros((256, 256, 3), np.float32))
+    assert script.main([str(tmp_path / "w.pt"), image, *extra]) == 0
+    assert seen == [expected]

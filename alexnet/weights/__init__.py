@@ -25,7 +25,8 @@ caffe          BVLC's ``.caffemodel`` (protobuf NetParameter,    caffe (mapping)
 
 Beside them: ``common`` (FormatError, safe .npy reading, strict loading, width and crop inference:
 what every format uses), ``mean_image`` (mean image files for evaluation: .npy, Caffe's .binaryproto),
-``convert`` (Theano epochs <-> our files, Caffe models -> our checkpoints, for scripts/convert_weights.py)
+``convert`` (Theano epochs <-> our files, Caffe models -> our checkpoints, for scripts/convert_weights.py),
+``geometry`` (the preprocessing each weight set was measured with, for evaluate's notice and predict.py)
 and ``load`` (detect + load_weights, for evaluation).
 Imports point one way: common <- the formats <- convert, load; nothing here imports the trainer.
 

@@ -1,7 +1,9 @@
-"""Shared fixtures: one small synthetic ImageNet tree and its preprocessed output per test session."""
+"""Shared fixtures (one small synthetic ImageNet tree and its preprocessed output per test session), and
+how the suite runs: on two pytest-xdist workers when it is installed, the longest files first."""
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -68,8 +70,48 @@ def tiny_overrides(data_root: Path, run_dir: Path, **extra) -> list[str]:
     return [f"{k}={v}" for k, v in base.items()]
 
 
+# -- running the suite ---------------------------------------------------------------------------------
+
+WORKERS = 2  # most tests wait on subprocesses or sleeps: two workers keep 2 cores busy
+# xdist hands out whole files (--dist loadfile) in collection order: the longest first, so that none of
+# them starts last and ends the run alone. Files not named here follow, in their usual order.
+LONGEST_FIRST = ("test_gpu_check.py", "test_model_parallel.py", "test_train.py", "test_parallel.py",
+                 "test_benchmarks.py", "test_checkpoint.py", "test_archives.py", "test_figures.py",
+                 "test_faults.py", "test_loader.py", "test_determinism.py", "test_exchange.py")
+
+
+def pytest_configure(config):
+    """A shell's background job (`make test &`, nohup) starts with SIGINT ignored, and so would every
+    process the tests start: the tests that press Ctrl-C on a child need the terminal's default."""
+    if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_cmdline_main(config):
+    """`pytest` with no test paths runs the whole suite on WORKERS pytest-xdist workers, one file per
+    worker at a time. Named paths, `-m gpu` (one GPU, timing-sensitive), --pdb, -n N or -p no:xdist run
+    as asked; without pytest-xdist the suite runs in this one process."""
+    opt = config.option
+    if (getattr(opt, "numprocesses", 0) is not None or hasattr(config, "workerinput")
+            or config.args_source != pytest.Config.ArgsSource.TESTPATHS or "gpu" in (opt.markexpr or "")
+            or opt.usepdb or opt.collectonly):
+        return
+    opt.numprocesses = WORKERS
+    if opt.dist == "no":
+        opt.dist, opt.loadscopereorder = "loadfile", False
+
+
+def _file_rank(item) -> int:
+    name = item.path.name
+    return LONGEST_FIRST.index(name) if name in LONGEST_FIRST else len(LONGEST_FIRST)
+
+
 def pytest_collection_modifyitems(config, items):
-    """Tests marked `gpu` skip where CUDA is absent (CI); on a GPU machine run them with -m gpu."""
+    """Tests marked `gpu` skip where CUDA is absent (CI); on a GPU machine run them with -m gpu.
+    Under xdist, the longest files first (a stable sort: each file keeps its order)."""
+    if getattr(config.option, "dist", "no") == "loadfile":
+        items.sort(key=_file_rank)
     import torch
     if torch.cuda.is_available():
         return

@@ -203,6 +203,7 @@ def test_kill9_mid_run_then_rerun_equals_an_uninterrupted_run(route, formats, sy
 
 SLOW_SHARDS = """
 import sys, time
+from pathlib import Path
 sys.path.insert(0, {repo!r})
 import data.archives as a
 import data.preprocess as p
@@ -210,6 +211,7 @@ _orig = a._members_of
 def slow(tf, stop):
     for ti in _orig(tf, stop):
         time.sleep(0.2)
+        Path({started!r}).touch()
         yield ti
 a._members_of = slow
 from data.preprocess_cli import main
@@ -220,9 +222,13 @@ sys.exit(main(sys.argv[1:]))
 def test_ctrl_c_while_streaming_shards_stops_at_once(formats, tmp_path):
     """A pass over a shard takes ~5 s here; Ctrl-C must not wait for the passes to finish."""
     args = _args(formats["hf_train"], formats["hf_val"], None, tmp_path / "out", "--quiet")
-    proc = subprocess.Popen([sys.executable, "-c", SLOW_SHARDS.format(repo=str(REPO)), *map(str, args)],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    time.sleep(1.5)
+    started = tmp_path / "started"  # the first member of a pass is read: a pass has ~5 s to go
+    proc = subprocess.Popen([sys.executable, "-c", SLOW_SHARDS.format(repo=str(REPO), started=str(started)),
+                             *map(str, args)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.time() + 60
+    while not started.exists():
+        assert proc.poll() is None and time.time() < deadline, proc.communicate()
+        time.sleep(0.05)
     start = time.time()
     proc.send_signal(signal.SIGINT)
     _, err = proc.communicate(timeout=30)

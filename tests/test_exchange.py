@@ -15,38 +15,84 @@ from alexnet.launch import free_port
 from alexnet.optim import build_optimizer
 from alexnet.replica import sgd_step
 
+SCENARIOS = {  # name: (transport, exchange every, steps); all four run in one group of 3 processes
+    "average ipc": ("ipc", 1, 4), "average gloo": ("gloo", 1, 4),
+    "every 3 ipc": ("ipc", 3, 6), "every 3 gloo": ("gloo", 3, 6),
+}
 
-def _replica(rank: int, world: int, port: int, transport: str, every: int, steps: int, out: str) -> None:
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    dist.init_process_group("gloo", rank=rank, world_size=world)
+
+def _history(rank: int, transport: str, every: int, steps: int) -> list[dict]:
+    """One replica's parameters and velocities before and after each step's exchange."""
     torch.manual_seed(100 + rank)  # deliberately different starts: the broadcast must fix that
     model = torch.nn.Sequential(torch.nn.Linear(5, 7), torch.nn.ReLU(), torch.nn.Linear(7, 3))
-    peers = Peers(dist.group.WORLD, dist.group.WORLD, rank, tuple(range(world)))
+    peers = Peers(dist.group.WORLD, dist.group.WORLD, rank, tuple(range(dist.get_world_size())))
     broadcast_from_first([p.data for p in model.parameters()], peers)
     opt = build_optimizer(model, TrainConfig(lr=0.1, momentum=0.9, weight_decay=1e-3))
     exchange = WeightExchange(model, opt, peers, transport, every)
+    state = lambda: [p.data.clone() for p in model.parameters()] + [v.clone() for v in opt.velocities()]  # noqa: E731
     history = []
     for step in range(1, steps + 1):
         g = torch.Generator().manual_seed(1000 * rank + step)  # each replica its own data
         x, y = torch.randn(4, 5, generator=g), torch.randint(0, 3, (4,), generator=g)
         sgd_step(model, opt, x, y, lambda: torch.autocast("cpu", enabled=False))
-        before = [t.clone() for t in exchange.tensors()]
+        before = state()
         exchanged = exchange.after_step(step)
-        history.append({"before": before, "after": [t.clone() for t in exchange.tensors()], "exchanged": exchanged})
+        history.append({"before": before, "after": state(), "exchanged": exchanged})
     exchange.close()
-    torch.save(history, f"{out}/rank{rank}.pt")
+    return history
+
+
+def _bucket_views(out: str) -> dict:
+    """keep_grads under a one-process DDP: where the gradients live across steps."""
+    from alexnet.exchange import wrap_gradients
+    dist.init_process_group("gloo", store=dist.FileStore(f"{out}/store", 1), rank=0, world_size=1)
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(5, 7), torch.nn.ReLU(), torch.nn.Linear(7, 3))
+    ddp = wrap_gradients(model, torch.device("cpu"), bucket_mb=25)  # no comm: no heartbeat, nothing counted
+    opt = build_optimizer(model, TrainConfig(lr=0.1))
+    x, y = torch.randn(4, 5), torch.randint(0, 3, (4,))
+    no_autocast = lambda: torch.autocast("cpu", enabled=False)  # noqa: E731
+    ptrs = lambda: [None if p.grad is None else p.grad.data_ptr() for p in model.parameters()]  # noqa: E731
+    for _ in range(2):  # DDP rebuilds its buckets once, after the first step
+        sgd_step(ddp, opt, x, y, no_autocast, keep_grads=True)
+    seen = {"kept zeroed": [p.grad is not None and not p.grad.any() for p in model.parameters()],
+            "ptrs": [ptrs()]}
+    for _ in range(2):
+        sgd_step(ddp, opt, x, y, no_autocast, keep_grads=True)
+        seen["ptrs"].append(ptrs())
+    sgd_step(ddp, opt, x, y, no_autocast, keep_grads=False)
+    seen["dropped"] = [p.grad is None for p in model.parameters()]
+    return seen
+
+
+def _member(rank: int, world: int, port: int, out: str) -> None:
+    """One of 3 processes: every scenario in turn, then (rank 0) the DDP gradient views."""
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+    for name, (transport, every, steps) in SCENARIOS.items():
+        torch.save(_history(rank, transport, every, steps), f"{out}/{name} rank{rank}.pt")
     dist.destroy_process_group()
+    if rank == 0:
+        torch.save(_bucket_views(out), f"{out}/bucket views.pt")
+    # Freeing a gloo group right after its last collective can deadlock (the group's worker thread
+    # waits for the GIL to free the finished work, the freeing thread holds it and joins the worker):
+    # this process ends without freeing anything.
+    os._exit(0)
 
 
-def run_replicas(tmp_path, transport: str, every: int = 1, steps: int = 4, world: int = 2) -> list[list[dict]]:
-    mp.start_processes(_replica, args=(world, free_port(), transport, every, steps, str(tmp_path)), nprocs=world,
-                       start_method="spawn")
-    return [torch.load(tmp_path / f"rank{r}.pt", weights_only=True) for r in range(world)]
+@pytest.fixture(scope="module")
+def replicas(tmp_path_factory) -> dict:
+    """{scenario: [history of rank 0, 1, 2]} and {"bucket views": what rank 0 saw}."""
+    out = tmp_path_factory.mktemp("exchange")
+    mp.start_processes(_member, args=(3, free_port(), str(out)), nprocs=3, start_method="spawn")
+    got = {name: [torch.load(out / f"{name} rank{r}.pt", weights_only=True) for r in range(3)]
+           for name in SCENARIOS}
+    return {**got, "bucket views": torch.load(out / "bucket views.pt", weights_only=True)}
 
 
 @pytest.mark.parametrize("transport", ["ipc", "gloo"])
-def test_exchange_averages_weights_and_momentum(tmp_path, transport):
-    h = run_replicas(tmp_path, transport, world=3)
+def test_exchange_averages_weights_and_momentum(replicas, transport):
+    h = replicas[f"average {transport}"]
     for step in range(4):
         before = [h[r][step]["before"] for r in range(3)]
         for i in range(len(before[0])):  # parameters, then velocities
@@ -58,12 +104,13 @@ def test_exchange_averages_weights_and_momentum(tmp_path, transport):
 
 
 @pytest.mark.parametrize("transport", ["ipc", "gloo"])
-def test_exchange_every_k_steps(tmp_path, transport):
-    h = run_replicas(tmp_path, transport, every=3, steps=6)
+def test_exchange_every_k_steps(replicas, transport):
+    h = replicas[f"every 3 {transport}"]
     assert [s["exchanged"] for s in h[0]] == [False, False, True, False, False, True]
     for step, s in enumerate(h[0]):
-        same = all(torch.equal(a, b) for a, b in zip(s["after"], h[1][step]["after"]))
-        assert same == s["exchanged"]  # replicas differ between exchanges and agree right after
+        for other in (1, 2):
+            same = all(torch.equal(a, b) for a, b in zip(s["after"], h[other][step]["after"]))
+            assert same == s["exchanged"]  # replicas differ between exchanges and agree right after
         if not s["exchanged"]:
             assert all(torch.equal(a, b) for a, b in zip(s["before"], s["after"]))  # untouched
 
@@ -146,26 +193,9 @@ def test_ipc_exchange_on_one_gpu_leaves_the_host_free(tmp_path):
             assert torch.equal(a, torch.full((600,), 0.5 + step)) and torch.equal(b, torch.full((400,), 5.0))
 
 
-def test_ddp_gradients_stay_bucket_views_across_steps(tmp_path):
+def test_ddp_gradients_stay_bucket_views_across_steps(replicas):
     """keep_grads: the gradients stay allocated as DDP's bucket views (no re-allocation and copy per step)."""
-    from alexnet.exchange import wrap_gradients
-    store = dist.FileStore(str(tmp_path / "store"), 1)
-    dist.init_process_group("gloo", store=store, rank=0, world_size=1)
-    try:
-        torch.manual_seed(0)
-        model = torch.nn.Sequential(torch.nn.Linear(5, 7), torch.nn.ReLU(), torch.nn.Linear(7, 3))
-        ddp = wrap_gradients(model, torch.device("cpu"), bucket_mb=25)  # no comm: no heartbeat, nothing counted
-        opt = build_optimizer(model, TrainConfig(lr=0.1))
-        x, y = torch.randn(4, 5), torch.randint(0, 3, (4,))
-        no_autocast = lambda: torch.autocast("cpu", enabled=False)  # noqa: E731
-        for _ in range(2):  # DDP rebuilds its buckets once, after the first step
-            sgd_step(ddp, opt, x, y, no_autocast, keep_grads=True)
-        ptrs = [p.grad.data_ptr() for p in model.parameters()]
-        assert all(p.grad is not None and not p.grad.any() for p in model.parameters())  # zeroed, kept
-        for _ in range(2):
-            sgd_step(ddp, opt, x, y, no_autocast, keep_grads=True)
-            assert [p.grad.data_ptr() for p in model.parameters()] == ptrs
-        sgd_step(ddp, opt, x, y, no_autocast, keep_grads=False)
-        assert all(p.grad is None for p in model.parameters())  # the test can tell the difference
-    finally:
-        dist.destroy_process_group()
+    seen = replicas["bucket views"]
+    assert seen["kept zeroed"] == [True] * 4  # zeroed, kept
+    assert len(seen["ptrs"]) == 3 and all(p == seen["ptrs"][0] for p in seen["ptrs"])
+    assert seen["dropped"] == [True] * 4  # the test can tell the difference

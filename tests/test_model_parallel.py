@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+from pathlib import Path
 
 import pytest
 import torch
@@ -21,17 +22,19 @@ from alexnet.metrics import read_metrics
 from alexnet.model_parallel import ShardedNet, build_sharded, parameter_bytes, sharding_problem
 from alexnet.models import build_model
 from layers import Comm
-from tests.conftest import run_script, tiny_overrides
+from tests.conftest import load_script, run_script, tiny_overrides
 from tests.test_parallel import DETERMINISTIC, assert_fault_ends_the_run, rel_diff
 
+PART_CASES = [("columns", "alexnet", 2), ("columns", "caffenet", 2), ("fc", "alexnet", 2), ("fc", "caffenet", 4),
+              ("fc", "owt", 4)]
 
-def _check_layout(rank: int, world: int, port: int, mode: str, arch: str, out: str) -> None:
+
+def _check_layout(comm: Comm, mode: str, arch: str, path: str) -> None:
     """One member: logits and gradients of its part against the single-device model on all images."""
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    dist.init_process_group("gloo", rank=rank, world_size=world)
+    rank, world = comm.rank, comm.size
     crop, b = (80, 3) if arch == "owt" else (67, 3)
     torch.manual_seed(0)
-    net = build_sharded(arch, 4, 0.125, 0.0, crop, "torch", "inverted", mode, Comm(dist.group.WORLD, rank, world))
+    net = build_sharded(arch, 4, 0.125, 0.0, crop, "torch", "inverted", mode, comm)
     torch.manual_seed(1)
     images = b * (world if mode == "fc" else 1)
     x_all, y_all = torch.randn(images, 3, crop, crop), torch.randint(0, 4, (images,))
@@ -41,7 +44,7 @@ def _check_layout(rank: int, world: int, port: int, mode: str, arch: str, out: s
     net.sync_model_group()
     mine = ({k: p.grad for k, p in net.named_parameters()}, logits.detach())
     pieces = [None] * world
-    dist.all_gather_object(pieces, mine)
+    dist.all_gather_object(pieces, mine, group=comm.group)
     if rank == 0:
         torch.manual_seed(0)
         ref = build_model(arch, 4, 0.125, 0.0, crop, "torch")
@@ -50,16 +53,34 @@ def _check_layout(rank: int, world: int, port: int, mode: str, arch: str, out: s
         grads = net.assemble([p[0] for p in pieces])
         logits = torch.cat([p[1] for p in pieces]) if mode == "fc" else pieces[0][1]
         torch.save({"logits": (logits, ref_logits.detach()),
-                    "grads": {k: (grads[k], p.grad) for k, p in ref.named_parameters()}}, f"{out}/result.pt")
+                    "grads": {k: (grads[k], p.grad) for k, p in ref.named_parameters()}}, path)
+
+
+def _member(rank: int, ports: tuple[int, int], out: str) -> None:
+    """One of 4 processes (spawned once for the module, as process start-ups dominate): every case of
+    PART_CASES on a group of its first `world` ranks, then the hybrid mesh's training steps."""
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(ports[0]))
+    torch.set_num_threads(1)  # 4 processes on as few as 2 cores
+    dist.init_process_group("gloo", rank=rank, world_size=4)
+    for mode, arch, world in PART_CASES:
+        group = dist.new_group(list(range(world)))  # every process takes part in making a group
+        if rank < world:
+            _check_layout(Comm(group, rank, world), mode, arch, f"{out}/{mode}-{arch}-{world}.pt")
     dist.destroy_process_group()
+    _hybrid_member(rank, 4, ports[1], 2, out)
 
 
-@pytest.mark.parametrize("mode, arch, world", [("columns", "alexnet", 2), ("columns", "caffenet", 2),
-                                               ("fc", "alexnet", 2), ("fc", "caffenet", 4), ("fc", "owt", 4)])
-def test_parts_compute_the_single_device_function(tmp_path, mode, arch, world):
-    mp.start_processes(_check_layout, args=(world, free_port(), mode, arch, str(tmp_path)), nprocs=world,
-                       start_method="spawn")
-    got = torch.load(tmp_path / "result.pt", weights_only=True)
+@pytest.fixture(scope="module")
+def members(tmp_path_factory) -> Path:
+    """The folder of what the 4 processes of `_member` saved."""
+    out = tmp_path_factory.mktemp("members")
+    mp.start_processes(_member, args=((free_port(), free_port()), str(out)), nprocs=4, start_method="spawn")
+    return out
+
+
+@pytest.mark.parametrize("mode, arch, world", PART_CASES)
+def test_parts_compute_the_single_device_function(members, mode, arch, world):
+    got = torch.load(members / f"{mode}-{arch}-{world}.pt", weights_only=True)
     logits, ref = got["logits"]
     assert logits.shape == ref.shape and ((logits - ref).norm() / ref.norm()) <= 1e-5
     for key, (g, want) in got["grads"].items():
@@ -128,11 +149,10 @@ def _hybrid_member(rank: int, world: int, port: int, slices: int, out: str) -> N
     teardown(info)
 
 
-def test_hybrid_gradients_reduced_once_each_during_backward(tmp_path):
+def test_hybrid_gradients_reduced_once_each_during_backward(members):
     """fc R=2 x M=2, 2 micro-batches per step: each gradient is in exactly one data-group all-reduce per
     step, the first of which starts before backward ends; the replicas of a part end equal."""
-    mp.start_processes(_hybrid_member, args=(4, free_port(), 2, str(tmp_path)), nprocs=4, start_method="spawn")
-    got = [torch.load(tmp_path / f"rank{r}.pt", weights_only=True) for r in range(4)]
+    got = [torch.load(members / f"rank{r}.pt", weights_only=True) for r in range(4)]
     for rank, g in enumerate(got):  # DDP's first step is one bucket; the second has those of bucket_mb
         kinds = [e[0] for e in g["steps"][1]["events"]]
         last_input_grad = len(kinds) - 1 - kinds[::-1].index("input grad")
@@ -212,11 +232,11 @@ def test_checkpoints_resume_in_other_layouts_and_evaluate(train_data, tmp_path):
     state = load(mixed / "checkpoints" / "last.pt")
     assert state["epoch"] == 3 and state["config"]["parallel"]["model_size"] == 2
     vals = [x for x in read_metrics(mixed / "metrics.jsonl") if x["split"] == "val"]
+    evaluate_main = load_script("evaluate").main
     for epoch, layout in ((1, "columns"), (2, "one process"), (3, "fc R=2 x M=2")):  # each layout's checkpoint
         out, weights = tmp_path / f"eval{epoch}.json", mixed / "checkpoints" / f"epoch_{epoch:03d}.pt"
-        r = run_script("scripts/evaluate.py", "--data", str(train_data), "--weights", str(weights), "--json",
-                       str(out), "--no-progress")
-        assert r.returncode == 0, (layout, r.stderr)
+        assert evaluate_main(["--data", str(train_data), "--weights", str(weights), "--json", str(out),
+                              "--no-progress"]) == 0, layout
         record = json.loads(out.read_text())
         assert record["n"] == vals[epoch - 1]["n"] and abs(record["top1_err"] - vals[epoch - 1]["top1_err"]) < 1e-9
 

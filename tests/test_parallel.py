@@ -6,6 +6,7 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 
@@ -13,6 +14,7 @@ from alexnet.checkpoint import compare_checkpoints, load
 from alexnet.metrics import read_metrics
 from data.procs import child_pids
 from tests.conftest import REPO, run_script, tiny_overrides
+from train import main as train_main
 
 # Randomness off and no dropout: then N replicas of batch b must follow 1 replica of batch N*b.
 DETERMINISTIC = {"data.shuffle": False, "data.random_crop": False, "data.flip": False, "model.dropout": 0.0,
@@ -32,12 +34,23 @@ def rel_diff(a, b) -> float:
     return max(c["weights"], c["velocities"])
 
 
+ONE = {"train.batch_size": 16, "train.momentum": 0.9}  # the reference: 1 replica, 2 epochs of 3 steps
+TWO = {"train.batch_size": 8, "parallel.replicas": 2}
+
+
 @pytest.fixture(scope="module")
-def one_replica(train_data, tmp_path_factory):
-    """The reference: 1 replica, batch 16, 2 epochs of 3 steps."""
-    run = tmp_path_factory.mktemp("one")
-    train(train_data, run, **{"train.batch_size": 16})
-    return run
+def trained(train_data, tmp_path_factory):
+    """train(**overrides) once per distinct set of overrides in this module: (run dir, train.py's stdout).
+    The tests that use it only read these runs."""
+    done: dict[tuple, tuple[Path, str]] = {}
+
+    def get(**extra) -> tuple[Path, str]:
+        key = tuple(sorted((k, repr(v)) for k, v in extra.items()))
+        if key not in done:
+            run = tmp_path_factory.mktemp("run")
+            done[key] = run, train(train_data, run, **extra).stdout
+        return done[key]
+    return get
 
 
 @pytest.mark.parametrize("exchange, transport, momentum", [
@@ -46,16 +59,11 @@ def one_replica(train_data, tmp_path_factory):
     ("weights", "gloo", 0.9),
     ("weights", "ipc", 0.0),
 ])
-def test_two_replicas_equal_one_with_twice_the_batch(train_data, tmp_path, one_replica, exchange, transport,
-                                                      momentum):
-    ref = one_replica
-    if momentum == 0.0:
-        ref = tmp_path / "one_plain"
-        train(train_data, ref, **{"train.batch_size": 16, "train.momentum": 0.0})
-    run = tmp_path / "two"
-    r = train(train_data, run, **{"train.batch_size": 8, "parallel.replicas": 2, "parallel.exchange": exchange,
-                                  "parallel.transport": transport, "train.momentum": momentum})
-    assert f"exchange {exchange} via {transport}" in r.stdout
+def test_two_replicas_equal_one_with_twice_the_batch(trained, exchange, transport, momentum):
+    ref, _ = trained(**{**ONE, "train.momentum": momentum})
+    run, stdout = trained(**TWO, **{"parallel.exchange": exchange, "parallel.transport": transport,
+                                    "train.momentum": momentum})
+    assert f"exchange {exchange} via {transport}" in stdout
     assert rel_diff(run, ref) <= 1e-5
     a, b = read_metrics(run / "metrics.jsonl"), read_metrics(ref / "metrics.jsonl")
     assert [x["split"] for x in a] == [x["split"] for x in b]
@@ -63,20 +71,18 @@ def test_two_replicas_equal_one_with_twice_the_batch(train_data, tmp_path, one_r
         assert x["iter"] == y["iter"] and abs(x["loss"] - y["loss"]) < 1e-4 and x.get("n") == y.get("n")
 
 
-def test_weights_mode_plain_sgd_equals_gradients_mode(train_data, tmp_path):
-    grads, weights = tmp_path / "g", tmp_path / "w"
-    common = {"train.batch_size": 8, "parallel.replicas": 2, "train.momentum": 0.0}
-    train(train_data, grads, **common, **{"parallel.exchange": "gradients"})
-    train(train_data, weights, **common, **{"parallel.exchange": "weights", "parallel.transport": "ipc"})
+def test_weights_mode_plain_sgd_equals_gradients_mode(trained):
+    grads, _ = trained(**TWO, **{"parallel.exchange": "gradients", "train.momentum": 0.0})
+    weights, _ = trained(**TWO, **{"parallel.exchange": "weights", "parallel.transport": "ipc",
+                                   "train.momentum": 0.0})
     assert rel_diff(weights, grads) <= 1e-5
 
 
 @pytest.mark.parametrize("replicas", [1, 2])
-def test_slices_equal_one_pass(train_data, tmp_path, one_replica, replicas):
-    run = tmp_path / "sliced"
-    train(train_data, run, **{"train.batch_size": 16 // replicas, "train.slices": 2, "parallel.replicas": replicas,
-                              "parallel.exchange": "gradients"})
-    assert rel_diff(run, one_replica) <= 1e-5
+def test_slices_equal_one_pass(trained, replicas):
+    run, _ = trained(**{"train.batch_size": 16 // replicas, "train.slices": 2, "parallel.replicas": replicas,
+                        "parallel.exchange": "gradients"})
+    assert rel_diff(run, trained(**ONE)[0]) <= 1e-5
 
 
 def test_checkpoint_resumes_into_one_replica_and_back(train_data, tmp_path):
@@ -93,12 +99,13 @@ def test_checkpoint_resumes_into_one_replica_and_back(train_data, tmp_path):
     assert load(hopped / "checkpoints" / "last.pt")["epoch"] == 3
 
 
-def test_mid_epoch_checkpoint_with_another_global_batch_is_refused(train_data, tmp_path):
+def test_mid_epoch_checkpoint_with_another_global_batch_is_refused(train_data, tmp_path, capsys):
     run = tmp_path / "run"
     train(train_data, run, **{"train.batch_size": 8, "train.max_steps": 1})
-    r = run_script("train.py", "configs/demo.yaml", *tiny_overrides(train_data, run, **{
-        **DETERMINISTIC, "train.batch_size": 16}), timeout=300)
-    assert r.returncode == 2 and "not a multiple of the global batch 16" in r.stderr
+    # the refusal comes before any training: train.py's main in this process
+    assert train_main(["configs/demo.yaml", *tiny_overrides(train_data, run, **{
+        **DETERMINISTIC, "train.batch_size": 16})]) == 2
+    assert "not a multiple of the global batch 16" in capsys.readouterr().err
 
 
 def _launch(train_data, run, **extra) -> subprocess.Popen:
@@ -178,12 +185,10 @@ def test_dead_or_hung_replica_stops_the_run(train_data, tmp_path, fault):
     assert_fault_ends_the_run(train_data, tmp_path / "run", fault)
 
 
-def test_torchrun_single_node_two_processes(train_data, tmp_path):
+def test_torchrun_single_node_two_processes(train_data, tmp_path, trained):
     """The documented multi-node command, on one machine: torchrun --nnodes=1 --nproc-per-node=2 (gloo)."""
-    own, tr = tmp_path / "own", tmp_path / "torchrun"
-    common = {**DETERMINISTIC, "train.batch_size": 8, "parallel.exchange": "gradients"}
-    train(train_data, own, **common, **{"parallel.replicas": 2})
-    over = tiny_overrides(train_data, tr, **common)
+    own, tr = trained(**TWO_GRADIENTS)[0], tmp_path / "torchrun"
+    over = tiny_overrides(train_data, tr, **DETERMINISTIC, **TORCHRUN)
     r = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nnodes=1", "--nproc-per-node=2",
                         "--master-port", str(_port()), "train.py", "configs/demo.yaml", *over], cwd=REPO,
                        capture_output=True, text=True, timeout=300)
@@ -193,13 +198,11 @@ def test_torchrun_single_node_two_processes(train_data, tmp_path):
     assert len(a) == len(b) and all(abs(x["loss"] - y["loss"]) < 1e-4 for x, y in zip(a, b))
 
 
-def test_torchrun_two_nodes_on_one_machine(train_data, tmp_path):
+def test_torchrun_two_nodes_on_one_machine(train_data, tmp_path, trained):
     """Two torchrun agents, each standing for one node (--nnodes=2, --nproc-per-node=1), meet through a
     c10d rendezvous on 127.0.0.1 and train as one job over gloo: the same run as the local launcher."""
-    own, tr = tmp_path / "own", tmp_path / "two_nodes"
-    common = {**DETERMINISTIC, "train.batch_size": 8, "parallel.exchange": "gradients"}
-    train(train_data, own, **common, **{"parallel.replicas": 2})
-    port, over = _port(), tiny_overrides(train_data, tr, **common)
+    own, tr = trained(**TWO_GRADIENTS)[0], tmp_path / "two_nodes"
+    port, over = _port(), tiny_overrides(train_data, tr, **DETERMINISTIC, **TORCHRUN)
     agents = [subprocess.Popen([sys.executable, "-m", "torch.distributed.run", "--nnodes=2", f"--node-rank={node}",
                                 "--nproc-per-node=1", "--rdzv-backend=c10d", f"--rdzv-endpoint=127.0.0.1:{port}",
                                 "--rdzv-id=alexnet-test", "train.py", "configs/demo.yaml", *over],
@@ -212,6 +215,11 @@ def test_torchrun_two_nodes_on_one_machine(train_data, tmp_path):
     assert rel_diff(tr, own) <= 1e-5
     a, b = read_metrics(tr / "metrics.jsonl"), read_metrics(own / "metrics.jsonl")
     assert len(a) == len(b) and all(abs(x["loss"] - y["loss"]) < 1e-4 for x, y in zip(a, b))
+
+
+# the local launcher's 2 replicas (gloo gradients), and what each torchrun process is given
+TWO_GRADIENTS = {**TWO, "parallel.exchange": "gradients", "parallel.transport": "gloo", "train.momentum": 0.9}
+TORCHRUN = {"train.batch_size": 8, "parallel.exchange": "gradients"}
 
 
 def _port() -> int:

@@ -20,6 +20,15 @@ def run_script(*args: str, timeout: float = 120, env: dict | None = None, **kw) 
                           env=full_env, **kw)
 
 
+@pytest.fixture(autouse=True)
+def _own_signal_handlers():
+    """train.py's main, called in this process, installs its Ctrl-C/SIGTERM handlers: they end with the test."""
+    saved = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
+    yield
+    for s, handler in saved.items():
+        signal.signal(s, handler)
+
+
 @pytest.fixture(scope="session")
 def synth(tmp_path_factory) -> tuple[Path, dict]:
     """A synthetic ImageNet-format tree (flat val with both label files) with every quirk."""
@@ -73,11 +82,11 @@ def tiny_overrides(data_root: Path, run_dir: Path, **extra) -> list[str]:
 # -- running the suite ---------------------------------------------------------------------------------
 
 WORKERS = 2  # most tests wait on subprocesses or sleeps: two workers keep 2 cores busy
-# xdist hands out whole files (--dist loadfile) in collection order: the longest first, so that none of
-# them starts last and ends the run alone. Files not named here follow, in their usual order.
-LONGEST_FIRST = ("test_gpu_check.py", "test_model_parallel.py", "test_train.py", "test_parallel.py",
-                 "test_benchmarks.py", "test_checkpoint.py", "test_archives.py", "test_figures.py",
-                 "test_faults.py", "test_loader.py", "test_determinism.py", "test_exchange.py")
+# xdist hands out work in collection order: the longest files first, so that none of them starts last
+# and ends the run alone. Files not named here follow, in their usual order.
+LONGEST_FIRST = ("test_gpu_check.py", "test_model_parallel.py", "test_parallel.py", "test_train.py",
+                 "test_checkpoint.py", "test_loader.py", "test_benchmarks.py", "test_report.py",
+                 "test_caffe.py", "test_figures.py", "test_theano_weights.py", "test_predict.py")
 
 
 def pytest_configure(config):
@@ -89,9 +98,9 @@ def pytest_configure(config):
 
 @pytest.hookimpl(tryfirst=True)
 def pytest_cmdline_main(config):
-    """`pytest` with no test paths runs the whole suite on WORKERS pytest-xdist workers, one file per
-    worker at a time. Named paths, `-m gpu` (one GPU, timing-sensitive), --pdb, -n N or -p no:xdist run
-    as asked; without pytest-xdist the suite runs in this one process."""
+    """`pytest` with no test paths runs the whole suite on WORKERS pytest-xdist workers (--dist
+    loadgroup, see _group_by_module_fixtures). Named paths, `-m gpu` (one GPU, timing-sensitive), --pdb,
+    -n N or -p no:xdist run as asked; without pytest-xdist the suite runs in this one process."""
     opt = config.option
     if (getattr(opt, "numprocesses", 0) is not None or hasattr(config, "workerinput")
             or config.args_source != pytest.Config.ArgsSource.TESTPATHS or "gpu" in (opt.markexpr or "")
@@ -99,7 +108,7 @@ def pytest_cmdline_main(config):
         return
     opt.numprocesses = WORKERS
     if opt.dist == "no":
-        opt.dist, opt.loadscopereorder = "loadfile", False
+        opt.dist, opt.loadscopereorder = "loadgroup", False
 
 
 def _file_rank(item) -> int:
@@ -107,11 +116,37 @@ def _file_rank(item) -> int:
     return LONGEST_FIRST.index(name) if name in LONGEST_FIRST else len(LONGEST_FIRST)
 
 
+def _group_by_module_fixtures(items) -> None:
+    """The tests of a file that share a module-scoped fixture, directly or through one another, become
+    one xdist group: one worker makes the fixture once and runs them in order. The others go one by one
+    to whichever worker is free."""
+    parent: dict[tuple, tuple] = {}
+
+    def root(key: tuple) -> tuple:
+        while parent.setdefault(key, key) != key:
+            key = parent[key]
+        return key
+    keys = []
+    for item in items:
+        defs = getattr(getattr(item, "_fixtureinfo", None), "name2fixturedefs", {})
+        mine = [(item.path.name, name) for name in sorted(defs) if defs[name][-1].scope in ("module", "class")]
+        for key in mine[1:]:
+            parent[root(key)] = root(mine[0])
+        keys.append(mine[0] if mine else None)
+    for item, key in zip(items, keys):
+        if key is not None:
+            item.add_marker(pytest.mark.xdist_group(":".join(root(key))))
+
+
+@pytest.hookimpl(tryfirst=True)  # before xdist reads the groups
 def pytest_collection_modifyitems(config, items):
     """Tests marked `gpu` skip where CUDA is absent (CI); on a GPU machine run them with -m gpu.
-    Under xdist, the longest files first (a stable sort: each file keeps its order)."""
-    if getattr(config.option, "dist", "no") == "loadfile":
+    Under xdist, the longest files first (a stable sort: each file keeps its order), grouped."""
+    dist = getattr(config.option, "dist", "no")
+    if dist in ("loadfile", "loadgroup"):
         items.sort(key=_file_rank)
+    if dist == "loadgroup":
+        _group_by_module_fixtures(items)
     import torch
     if torch.cuda.is_available():
         return

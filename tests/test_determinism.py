@@ -8,7 +8,7 @@ import torch.nn.functional as F
 import train
 from alexnet.models import build_model
 from layers import LRN, adaptive_avg_pool2d_fixed_order, lrn_reference, max_pool2d_fixed_order
-from tests.conftest import run_script, tiny_overrides
+from tests.conftest import tiny_overrides
 from tests.test_parallel import DETERMINISTIC, rel_diff
 from tests.test_train import assert_same_weights
 
@@ -81,14 +81,17 @@ def test_deterministic_mode_avoids_atomic_backward_kernels(arch, crop, determini
 
 
 def test_deterministic_training_matches_the_default_and_repeats_exactly(train_data, tmp_path):
-    """On the CPU both modes are deterministic: equal to rounding, and a deterministic run repeats bitwise."""
+    """On the CPU both modes are deterministic: equal to rounding, and a deterministic run repeats bitwise
+    (train.py's main in this process: the three runs share its threads and settings)."""
     runs = {}
-    for name, det in (("default", False), ("det1", True), ("det2", True)):
-        runs[name] = tmp_path / name
-        r = run_script("train.py", "configs/demo.yaml", *tiny_overrides(
-            train_data, runs[name], **{**DETERMINISTIC, "train.deterministic": det, "model.dropout": 0.5}),
-            timeout=300)
-        assert r.returncode == 0, r.stderr[-3000:]
+    try:
+        for name, det in (("default", False), ("det1", True), ("det2", True)):
+            runs[name] = tmp_path / name
+            assert train.main(["configs/demo.yaml", *tiny_overrides(
+                train_data, runs[name], **{**DETERMINISTIC, "train.deterministic": det, "model.dropout": 0.5})]) == 0
+            assert torch.are_deterministic_algorithms_enabled() == det  # the mode was on for det1, det2 only
+    finally:
+        torch.use_deterministic_algorithms(False)
     assert rel_diff(runs["det1"], runs["default"]) <= 1e-5
     assert_same_weights(runs["det1"] / "checkpoints" / "last.pt", runs["det2"] / "checkpoints" / "last.pt")
 

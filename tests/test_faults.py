@@ -165,7 +165,9 @@ rank, mode = int(os.environ["RANK"]), sys.argv[1]
 def send(count, kind):  # the heartbeat record: rank, collectives entered, kind (0 progress, 1 alive, 2 gave up)
     os.write(int(os.environ["ALEXNET_HEARTBEAT_FD"]), struct.pack("<iqb", rank, count, kind))
 if mode == "lock":
-    print("lock fd ->", os.readlink(f"/proc/self/fd/{os.environ['ALEXNET_RUN_LOCK_FD']}"), flush=True)
+    # one write per line: print() may split it, and two replicas share the stdout pipe
+    target = os.readlink(f"/proc/self/fd/{os.environ['ALEXNET_RUN_LOCK_FD']}")
+    os.write(1, f"lock fd -> {target}\\n".encode())
     sys.exit(0)
 if rank == 2:
     send(3, 0)

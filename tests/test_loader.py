@@ -129,10 +129,17 @@ def test_trainer_gets_an_error_when_the_loader_is_killed(train_data, device):
         loader.close()
 
 
-@pytest.mark.parametrize("mode", ["thread", "process"])
-def test_training_identical_in_every_mode(train_data, tmp_path, mode):
-    ref, run = tmp_path / "inline", tmp_path / mode
+@pytest.fixture(scope="module")
+def inline_run(train_data, tmp_path_factory):
+    """The reference of the loading modes: a tiny run with data.loading=inline."""
+    ref = tmp_path_factory.mktemp("inline")
     assert train.main(["configs/demo.yaml", *tiny_overrides(train_data, ref, **{"data.loading": "inline"})]) == 0
+    return ref
+
+
+@pytest.mark.parametrize("mode", ["thread", "process"])
+def test_training_identical_in_every_mode(train_data, tmp_path, inline_run, mode):
+    ref, run = inline_run, tmp_path / mode
     assert train.main(["configs/demo.yaml", *tiny_overrides(train_data, run, **{"data.loading": mode})]) == 0
     assert_same_weights(ref / "checkpoints" / "last.pt", run / "checkpoints" / "last.pt")
     assert stable(read_metrics(ref / "metrics.jsonl")) == stable(read_metrics(run / "metrics.jsonl"))

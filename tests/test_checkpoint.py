@@ -125,3 +125,31 @@ def test_slow_checkpoint_write_does_not_trip_the_collective_timeout(train_data, 
         **common, "parallel.timeout": 4}), timeout=300, env={"PYTHONPATH": str(hook)})
     assert r.returncode == 0, r.stderr[-3000:]
     assert rel_diff(run, ref) == 0 and load(run / "checkpoints" / "last.pt")["epoch"] == 3
+
+
+def _state(epoch: int, value: float) -> dict:
+    return {"model": {"w": torch.full((256,), value)}, "optimizer": {}, "epoch": epoch}
+
+
+def test_a_mid_epoch_save_leaves_the_epoch_file_alone(tmp_path):
+    """last.pt is a hard link to epoch_001.pt; a mid-epoch save replaces last.pt by a new file, it must not
+    write through the link (that would silently put the mid-epoch state into epoch_001.pt)."""
+    d = ck.CheckpointDir(tmp_path, keep_last=3)
+    d.save(_state(1, 1.0), epoch_done=True, is_best=True)
+    epoch_file = tmp_path / "epoch_001.pt"
+    before = epoch_file.read_bytes()
+    d.save(_state(1, 2.0), epoch_done=False, is_best=False)
+    assert epoch_file.read_bytes() == before
+    assert torch.equal(load(epoch_file)["model"]["w"], torch.full((256,), 1.0))
+    assert torch.equal(load(tmp_path / "last.pt")["model"]["w"], torch.full((256,), 2.0))
+    assert torch.equal(load(tmp_path / "best.pt")["model"]["w"], torch.full((256,), 1.0))
+
+
+def test_keep_last_keeps_the_newest_epoch_files_and_best(tmp_path):
+    """keep_last=2 after 4 epochs: epoch_003 and epoch_004 remain; best.pt stays the best epoch's (2)."""
+    d = ck.CheckpointDir(tmp_path, keep_last=2)
+    for epoch in range(1, 5):
+        d.save(_state(epoch, float(epoch)), epoch_done=True, is_best=epoch == 2)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["best.pt", "epoch_003.pt", "epoch_004.pt", "last.pt"]
+    assert load(tmp_path / "best.pt")["epoch"] == 2 and load(tmp_path / "last.pt")["epoch"] == 4
+    assert load(tmp_path / "epoch_003.pt")["epoch"] == 3

@@ -21,15 +21,18 @@ SCENARIOS = {  # name: (transport, exchange every, steps); all four run in one g
 }
 
 
-def _history(rank: int, transport: str, every: int, steps: int) -> list[dict]:
-    """One replica's parameters and velocities before and after each step's exchange."""
+def _history(rank: int, transport: str, every: int, steps: int, peers: Peers | None = None) -> list[dict]:
+    """One replica's parameters and velocities before and after each step's exchange (among `peers`,
+    default the whole world)."""
     torch.manual_seed(100 + rank)  # deliberately different starts: the broadcast must fix that
     model = torch.nn.Sequential(torch.nn.Linear(5, 7), torch.nn.ReLU(), torch.nn.Linear(7, 3))
-    peers = Peers(dist.group.WORLD, dist.group.WORLD, rank, tuple(range(dist.get_world_size())))
+    peers = peers or Peers(dist.group.WORLD, dist.group.WORLD, rank, tuple(range(dist.get_world_size())))
     broadcast_from_first([p.data for p in model.parameters()], peers)
     opt = build_optimizer(model, TrainConfig(lr=0.1, momentum=0.9, weight_decay=1e-3))
     exchange = WeightExchange(model, opt, peers, transport, every)
-    state = lambda: [p.data.clone() for p in model.parameters()] + [v.clone() for v in opt.velocities()]  # noqa: E731
+    # read from the model and the optimizer's own state, not from what the exchange (or velocities()) lists
+    state = lambda: ([p.data.clone() for p in model.parameters()]  # noqa: E731
+                     + [opt.state[p]["velocity"].clone() for p in model.parameters()])
     history = []
     for step in range(1, steps + 1):
         g = torch.Generator().manual_seed(1000 * rank + step)  # each replica its own data
@@ -71,6 +74,11 @@ def _member(rank: int, world: int, port: int, out: str) -> None:
     dist.init_process_group("gloo", rank=rank, world_size=world)
     for name, (transport, every, steps) in SCENARIOS.items():
         torch.save(_history(rank, transport, every, steps), f"{out}/{name} rank{rank}.pt")
+    pair = dist.new_group([1, 2])  # a data group smaller than the world, as in a hybrid mesh; all make it
+    if rank in (1, 2):
+        for transport in ("ipc", "gloo"):
+            peers = Peers(pair, pair, rank - 1, (1, 2))
+            torch.save(_history(rank, transport, 1, 2, peers), f"{out}/pair {transport} rank{rank}.pt")
     dist.destroy_process_group()
     if rank == 0:
         torch.save(_bucket_views(out), f"{out}/bucket views.pt")
@@ -87,7 +95,9 @@ def replicas(tmp_path_factory) -> dict:
     mp.start_processes(_member, args=(3, free_port(), str(out)), nprocs=3, start_method="spawn")
     got = {name: [torch.load(out / f"{name} rank{r}.pt", weights_only=True) for r in range(3)]
            for name in SCENARIOS}
-    return {**got, "bucket views": torch.load(out / "bucket views.pt", weights_only=True)}
+    pairs = {f"pair {t}": [torch.load(out / f"pair {t} rank{r}.pt", weights_only=True) for r in (1, 2)]
+             for t in ("ipc", "gloo")}
+    return {**got, **pairs, "bucket views": torch.load(out / "bucket views.pt", weights_only=True)}
 
 
 @pytest.mark.parametrize("transport", ["ipc", "gloo"])
@@ -95,12 +105,25 @@ def test_exchange_averages_weights_and_momentum(replicas, transport):
     h = replicas[f"average {transport}"]
     for step in range(4):
         before = [h[r][step]["before"] for r in range(3)]
+        assert len(before[0]) == 8  # 2 weights and 2 biases, each with its velocity
         for i in range(len(before[0])):  # parameters, then velocities
             assert not torch.equal(before[0][i], before[1][i])  # replicas trained on different data ...
             mean = (before[0][i] + before[1][i] + before[2][i]) / 3
             for r in range(3):  # ... and every one holds the average afterwards, momentum included
                 torch.testing.assert_close(h[r][step]["after"][i], mean, rtol=1e-6, atol=1e-7)
             assert torch.equal(h[0][step]["after"][i], h[2][step]["after"][i])  # bit-identical replicas
+
+
+@pytest.mark.parametrize("transport", ["ipc", "gloo"])
+def test_exchange_within_a_data_group_averages_its_members_only(replicas, transport):
+    """Ranks 1 and 2 of 3 form the data group (in a hybrid mesh the world is R x M, the group R): the
+    average is over the group's 2 members, whatever the world's size."""
+    h = replicas[f"pair {transport}"]  # rank 1's history, rank 2's
+    for step in range(2):
+        for i, (a, b) in enumerate(zip(h[0][step]["before"], h[1][step]["before"])):
+            assert not torch.equal(a, b)  # other data on each member ...
+            for r in range(2):  # ... then both hold the mean of the two
+                torch.testing.assert_close(h[r][step]["after"][i], (a + b) / 2, rtol=1e-6, atol=1e-7)
 
 
 @pytest.mark.parametrize("transport", ["ipc", "gloo"])

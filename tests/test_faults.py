@@ -27,6 +27,7 @@ import train
 from alexnet.checkpoint import load
 from alexnet.config import ConfigError, load_config
 from alexnet.launch import Launcher
+from alexnet.metrics import read_metrics
 from alexnet.models import build_model
 from alexnet.preflight import check_run
 from data.batchfile import write_batch_file
@@ -162,6 +163,9 @@ def test_a_second_run_into_a_locked_run_dir_exits_2_at_once(run_copy, train_data
 FAKE_REPLICA = """
 import os, signal, struct, sys, time
 rank, mode = int(os.environ["RANK"]), sys.argv[1]
+if mode == "exit":  # with the code given for this rank; rank 1 ends after rank 0
+    time.sleep(0.3 * rank)
+    sys.exit(int(sys.argv[2 + rank]))
 def send(count, kind):  # the heartbeat record: rank, collectives entered, kind (0 progress, 1 alive, 2 gave up)
     os.write(int(os.environ["ALEXNET_HEARTBEAT_FD"]), struct.pack("<iqb", rank, count, kind))
 if mode == "lock":
@@ -214,6 +218,16 @@ def test_the_replicas_inherit_the_run_dir_lock(tmp_path, capfd):
         assert Launcher(str(script), ["lock"], 2, timeout=30, lock_fd=fd).run() == 0
     out = capfd.readouterr().out
     assert out.count(f"lock fd -> {tmp_path / 'run' / '.lock'}") == 2, out
+
+
+@pytest.mark.parametrize("codes, expect", [
+    ((0, 0), 0), ((130, 130), 130), ((0, 130), 130), ((143, 0), 143), ((0, 3), 1),
+], ids=["done", "ctrl-c", "one-interrupted", "one-terminated", "one-failed"])
+def test_the_launcher_exits_with_the_replicas_code(tmp_path, codes, expect):
+    """train.py's codes (0 done, 128+N stopped by signal N after a checkpoint, 1 failed) pass through."""
+    script = tmp_path / "fake.py"
+    script.write_text(FAKE_REPLICA)
+    assert Launcher(str(script), ["exit", *map(str, codes)], 2, timeout=30).run() == expect
 
 
 # -- 2. lost work: everything checked before the first step ------------------------------------------------
@@ -344,6 +358,15 @@ def test_resume_logs_every_changed_key_and_keeps_the_earlier_config(run_copy, fi
     assert (run_copy / "config.prev-1.yaml").read_text() == old
     assert "lr: 0.02" in (run_copy / "config.yaml").read_text()
 
+
+def test_a_resumed_run_continues_the_step_count(run_copy, train_data):
+    """48 training images (4 classes x 12), batch 8: 6 steps an epoch, a record every 2 steps. Epoch 2,
+    resumed from epoch 1's checkpoint, logs global steps 8, 10, 12 as an uninterrupted run would."""
+    assert run_train(train_data, run_copy, **{"train.epochs": 2}) == 0
+    records = read_metrics(run_copy / "metrics.jsonl")
+    assert [r["iter"] for r in records if r["split"] == "train"] == [2, 4, 6, 8, 10, 12]
+    assert [r["iter"] for r in records if r["split"] == "val"] == [6, 12]
+    assert load(run_copy / "checkpoints" / "last.pt")["global_step"] == 12
 
 def test_temporaries_of_dead_processes_are_removed_at_start(run_copy, train_data, capsys):
     dead = subprocess.Popen([sys.executable, "-c", "pass"])

@@ -78,6 +78,27 @@ def test_weights_mode_plain_sgd_equals_gradients_mode(trained):
     assert rel_diff(weights, grads) <= 1e-5
 
 
+# One run for two settings (a run costs ~15 s): lr 0.005 at a reference batch of 8 with a global batch of
+# 16 is 0.005 x 16 / 8 = 0.01, one process's lr; weights exchanged every 3 steps and a checkpoint after
+# every step, which averages the replicas when no exchange did, end every step averaged. Both together
+# must follow one process with twice the batch.
+SCALED_EVERY_3 = {**TWO, "parallel.exchange": "weights", "parallel.transport": "ipc", "train.momentum": 0.9,
+                  "train.lr": 0.005, "train.lr_scaling": "linear", "train.lr_ref_batch": 8,
+                  "parallel.exchange_every": 3, "run.save_every_steps": 1}
+
+
+def test_linear_lr_scaling_uses_the_global_batch(trained):
+    run, _ = trained(**SCALED_EVERY_3)
+    assert read_metrics(run / "metrics.jsonl")[0]["lr"] == pytest.approx(0.01, rel=1e-9)  # 0.005 x 16 / 8
+    assert rel_diff(run, trained(**ONE)[0]) <= 1e-5
+
+
+def test_exchange_every_3_with_a_checkpoint_every_step_equals_one_process(trained):
+    run, stdout = trained(**SCALED_EVERY_3)
+    assert "exchange weights via ipc every 3 steps" in stdout
+    assert rel_diff(run, trained(**ONE)[0]) <= 1e-5
+
+
 @pytest.mark.parametrize("replicas", [1, 2])
 def test_slices_equal_one_pass(trained, replicas):
     run, _ = trained(**{"train.batch_size": 16 // replicas, "train.slices": 2, "parallel.replicas": replicas,

@@ -265,7 +265,10 @@ class BackgroundWriter:
                 write()
             except BaseException as e:  # reported by the next wait(), in the trainer's thread
                 self._error = e
-        self._thread = threading.Thread(target=run, name="checkpoint-writer", daemon=False)
+        # A daemon: the trainer waits for every write itself, so only a stop at once (a second Ctrl-C)
+        # leaves one behind, which the interpreter must not wait for at exit (its temporary file is
+        # removed at the next start).
+        self._thread = threading.Thread(target=run, name="checkpoint-writer", daemon=True)
         self._thread.start()
 
     def wait(self, beat: Callable[[], None] | None = None) -> None:

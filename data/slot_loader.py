@@ -17,8 +17,9 @@ A job is one pass over a split from a step (``("job", split, epoch, start, job)`
 consumer that stops early sends ``("stop", job)`` and returns what it holds.
 
 Lifecycle: the loader dies with its trainer (pipe EOF, and the kernel's parent-death signal for a
-process); a loader that dies or hangs makes the trainer raise :class:`LoaderError` naming it; Ctrl-C
-is left to the trainer, which checkpoints and then closes the loader.
+process); a loader that dies or hangs makes the trainer raise :class:`LoaderError` naming it, while
+bad data it meets (a ``BatchFileError`` or ``DataError``) is raised again in the trainer as itself;
+Ctrl-C is left to the trainer, which checkpoints and then closes the loader.
 """
 from __future__ import annotations
 
@@ -35,6 +36,8 @@ from dataclasses import dataclass
 import torch
 import torch.multiprocessing as mp
 
+from .batchfile import BatchFileError
+from .layouts import DataError
 from .loader import Batch, BatchMaker, LoaderSpec, count_steps
 from .procs import die_with_parent
 
@@ -166,11 +169,23 @@ def worker_main(spec: LoaderSpec, slots: Slots, free_events, conn, in_process: b
         worker.serve()
     except (EOFError, BrokenPipeError, ConnectionResetError):
         return  # the trainer is gone: nothing to report to
+    except (BatchFileError, DataError) as e:  # bad data, not a loader failure: the trainer raises it again
+        with contextlib.suppress(OSError):
+            conn.send(("bad_data", getattr(e, "path", None), str(e)))
+        if in_process:
+            sys.exit(1)
     except BaseException:
         with contextlib.suppress(OSError):  # the trainer may be gone too: then nobody is listening
             conn.send(("error", traceback.format_exc()))
         if in_process:
             sys.exit(1)
+
+
+def _bad_data(path: str | None, text: str) -> BatchFileError | DataError:
+    """The loader's BatchFileError or DataError, raised again in the trainer: bad input, exit 2."""
+    if path is None:
+        return DataError(text)
+    return BatchFileError(path, text.removeprefix(f"{path}: "))
 
 
 # -- the trainer side ----------------------------------------------------------------------------
@@ -246,6 +261,8 @@ class SlotLoader:
             raise LoaderError(f"{self._death()} (while waiting for: {during})") from None
         if msg[0] == "error":
             raise LoaderError(f"the {self.name} failed:\n{msg[1]}")
+        if msg[0] == "bad_data":
+            raise _bad_data(*msg[1:])
         return msg
 
     def _send(self, msg: tuple) -> None:

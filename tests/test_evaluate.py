@@ -116,6 +116,36 @@ def test_evaluate_equals_hand_computation(prep, crops):
     assert result["loss"] == pytest.approx(-np.mean(np.log(truth)), rel=1e-4)
 
 
+def test_top5_with_more_classes_than_five(prep, tmp_path):
+    """With 4 classes every label is in the top 5: here the data declares 12 classes (its labels stay
+    0..3) for a 12-way model, so top-5 error is a hand-computed rank >= 5, neither 0 nor top-1's."""
+    import shutil
+    root = tmp_path / "data"
+    shutil.copytree(prep[0], root)
+    meta = json.loads((root / "meta.json").read_text())
+    meta["classes"] += [f"n9{i:07d}" for i in range(8)]
+    meta["num_classes"] = 12
+    meta.pop("class_names", None)
+    (root / "meta.json").write_text(json.dumps(meta))
+    data = SplitData(root, "val")
+    images, labels = data.read(np.arange(len(data)))
+    model = PixelLinear(12, CROP, seed=6)
+    expected = hand_probs(model, images, data.mean_image().astype(np.float64), CROP, 1)
+    rank = (expected > expected[np.arange(len(labels)), labels][:, None]).sum(axis=1)
+    assert {0, 4, 5} <= set(rank.tolist())  # true classes ranked 5th and 6th: a top-4 or top-6 count differs
+    result = evaluate(model, data, CROP, Normalizer("image", data.mean_image()), crops=1, batch_size=5,
+                      progress=False)
+    assert result["top1_err"] == pytest.approx(np.mean(rank >= 1))
+    assert result["top5_err"] == pytest.approx(np.mean(rank >= 5))
+    assert 0 < result["top5_err"] < result["top1_err"]
+    for c, record in enumerate(result["per_class"][:4]):
+        mine = rank[labels == c]
+        assert record["n"] == len(mine) > 0
+        assert record["top5_err"] == pytest.approx(np.mean(mine >= 5)) and record["top1_err"] == pytest.approx(
+            np.mean(mine >= 1))
+    assert [r["n"] for r in result["per_class"][4:]] == [0] * 8
+
+
 def test_bf16_is_close_to_fp32(prep):
     out, _ = prep
     data = SplitData(out, "val")

@@ -14,6 +14,7 @@ import torch
 
 import train
 from alexnet.metrics import read_metrics
+from data.batchfile import BatchFileError
 from data.loader import InlineLoader, LoaderSpec
 from data.procs import child_pids
 from data.slot_loader import LoaderError, SlotLoader
@@ -100,16 +101,20 @@ def test_a_quitting_loader_finishes_its_stream_first(train_data):
     assert events == ["quit", "synchronize"]
 
 
-def test_loader_error_is_reported_with_the_file(train_data, tmp_path):
+def test_a_bad_batch_file_is_the_readers_error_not_a_loader_failure(train_data, tmp_path):
+    """The loader process passes the reader's BatchFileError on (bad data: train.py exits 2 naming the
+    file), not a LoaderError with the loader's traceback (a failure: exit 1)."""
     root = tmp_path / "data"
     shutil.copytree(train_data, root)
     victim = root / "train" / "00001.h5"
     victim.write_bytes(victim.read_bytes()[:2000])
     loader = SlotLoader(spec_for(root, shuffle=False), "process", k=2)
     try:
-        with pytest.raises(LoaderError, match="00001.h5") as err:
+        with pytest.raises(BatchFileError) as err:
             collections.deque(loader.batches("train", 0), maxlen=0)  # consume every batch
-        assert "loader process" in str(err.value)
+        assert err.value.path == str(victim)
+        assert str(err.value).startswith(f"{victim}: corrupt or truncated batch file (") and "Traceback" not in str(
+            err.value)
     finally:
         loader.close()
 

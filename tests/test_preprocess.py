@@ -352,6 +352,36 @@ def test_stale_temp_file_is_never_read(prep, tmp_path, synth):
     same_output(out, prep[0])
 
 
+def test_a_worker_killed_mid_write_leaves_no_file_under_a_final_name(synth, tmp_path, monkeypatch):
+    """A batch file is written under a temporary name and renamed once complete: a worker killed after
+    writing a file's images (before its labels) leaves nothing under NNNNN.h5, and every file that has
+    such a name reads completely."""
+    from concurrent.futures.process import BrokenProcessPool
+
+    import data.batchfile as bf
+    root, _ = synth
+    out, marker = tmp_path / "out", tmp_path / "killed"
+    real = bf._write_contiguous
+
+    def write_then_die(f, name, data):
+        real(f, name, data)
+        if not marker.exists():  # the first file written, in whichever worker
+            marker.write_text(f.filename)
+            f.flush()
+            os.kill(os.getpid(), signal.SIGKILL)
+
+    monkeypatch.setattr(bf, "_write_contiguous", write_then_die)  # the forked workers inherit it
+    with pytest.raises(BrokenProcessPool):
+        preprocess(root / "train", out, root / "val", root / "LOC_val_solution.csv", Options(size=64, per_file=8),
+                   workers=2, quiet=True)
+    written = Path(marker.read_text())
+    assert written.name.startswith(".") and written.name.endswith(".tmp"), f"written in place: {written}"
+    finals = list(out.glob("*/[0-9]*.h5"))
+    assert written.with_name(written.name.split(".")[1] + ".h5") not in finals  # .NNNNN.h5.<pid>.tmp
+    for path in finals:
+        read_batch_file(path)  # complete, or not there at all
+
+
 def test_truncated_final_file_is_redone(prep, tmp_path, synth):
     root, _ = synth
     out = tmp_path / "out"

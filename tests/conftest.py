@@ -11,6 +11,11 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
+# One torch thread per process (inherited by every subprocess, xdist worker and replica): the suite runs
+# two workers that start replicas and loader processes on 2 cores, and torch's OpenMP threads then
+# spin-wait against each other: 43.5 s of CPU instead of 23.5 s for the same three training tests,
+# measured side by side. test_determinism sets 2 threads where the thread count matters.
+os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 
 def run_script(*args: str, timeout: float = 120, env: dict | None = None, **kw) -> subprocess.CompletedProcess:

@@ -82,8 +82,10 @@ def test_deterministic_mode_avoids_atomic_backward_kernels(arch, crop, determini
 
 def test_deterministic_training_matches_the_default_and_repeats_exactly(train_data, tmp_path):
     """On the CPU both modes are deterministic: equal to rounding, and a deterministic run repeats bitwise
-    (train.py's main in this process: the three runs share its threads and settings)."""
-    runs = {}
+    (train.py's main in this process: the three runs share its threads and settings; two threads, as
+    the suite's one thread per process would make any order fixed)."""
+    runs, threads = {}, torch.get_num_threads()
+    torch.set_num_threads(2)
     try:
         for name, det in (("default", False), ("det1", True), ("det2", True)):
             runs[name] = tmp_path / name
@@ -92,6 +94,7 @@ def test_deterministic_training_matches_the_default_and_repeats_exactly(train_da
             assert torch.are_deterministic_algorithms_enabled() == det  # the mode was on for det1, det2 only
     finally:
         torch.use_deterministic_algorithms(False)
+        torch.set_num_threads(threads)
     assert rel_diff(runs["det1"], runs["default"]) <= 1e-5
     assert_same_weights(runs["det1"] / "checkpoints" / "last.pt", runs["det2"] / "checkpoints" / "last.pt")
 

@@ -15,7 +15,7 @@ def read_synset_mapping(path: str | os.PathLike) -> dict[str, str]:
     """wnid -> words from a text file of `<wnid> <words>` lines (Kaggle's LOC_synset_mapping.txt)."""
     names: dict[str, str] = {}
     try:
-        lines = Path(path).read_text().splitlines()
+        lines = Path(path).read_text(encoding="utf-8-sig").splitlines()  # Windows editors add a BOM
     except (OSError, UnicodeDecodeError) as e:
         raise DataError(f"class names file {path} is unreadable ({e})") from None
     for lineno, line in enumerate(lines, start=1):

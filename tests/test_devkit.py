@@ -10,6 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from data.classnames import read_class_names
 from data.distributions import Tree, synthetic_tree, write_formats, write_synset_mapping
 from data.preprocess import Options, preprocess
 from tests.conftest import REPO
@@ -91,6 +92,14 @@ def test_class_names_from_a_file_and_beside_the_kaggle_csv(synth, formats, tmp_p
     partial = write_synset_mapping({w: words[w] for w in manifest["classes"][1:]}, tmp_path / "partial.txt")
     r = cli("--train-dir", root / "train", "--out", tmp_path / "c", "--class-names", partial)
     assert r.returncode == 2 and manifest["classes"][0] in r.stderr and str(partial) in r.stderr
+
+
+def test_a_class_names_file_saved_with_a_bom_or_crlf_reads_the_same(tmp_path):
+    """Saved by a Windows editor: a UTF-8 byte-order mark before the first wnid, CRLF line ends."""
+    text = "n01440764 tench, Tinca tinca\r\nn01443537 goldfish, Carassius auratus\r\n"
+    path = tmp_path / "names.txt"
+    path.write_bytes(b"\xef\xbb\xbf" + text.encode())
+    assert read_class_names(path) == {"n01440764": "tench, Tinca tinca", "n01443537": "goldfish, Carassius auratus"}
 
 
 # -- subsets ---------------------------------------------------------------------------------------

@@ -141,6 +141,9 @@ def check_writable(path: str | os.PathLike) -> None:
     path = Path(path)
     if path.is_dir():
         raise IsADirectoryError(errno.EISDIR, os.strerror(errno.EISDIR), str(path))
+    blocker = next((p for p in path.parents if p.exists()), None)
+    if blocker is not None and not blocker.is_dir():  # mkdir would say "File exists"
+        raise NotADirectoryError(errno.ENOTDIR, f"{os.strerror(errno.ENOTDIR)}: {blocker} is a file", str(path))
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         with tempfile.TemporaryFile(dir=path.parent, prefix=f".{path.name}.probe"):

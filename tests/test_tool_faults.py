@@ -76,6 +76,7 @@ def test_predict_json_under_a_file_is_one_line_before_any_work(tmp_path, capsys,
     assert predict.main([owt, image, "--json", str(tmp_path / "file.txt" / "p.json")]) == 2
     err = one_line(capsys.readouterr().err)
     assert err.startswith(f"predict.py: error: {tmp_path / 'file.txt' / 'p.json'}: "), err
+    assert f"Not a directory: {tmp_path / 'file.txt'} is a file" in err, err  # not mkdir's "File exists"
     assert (tmp_path / "file.txt").read_text() == "x"
 
 

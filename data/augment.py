@@ -98,7 +98,7 @@ class Normalizer:
             self.cstd = torch.tensor(channel_std, dtype=torch.float32, device=self.device) * 255.0
         else:
             raise ValueError(f"data.mean must be image or channel, got {mode!r}")
-        if self.device.type == "cuda":
+        if self.device.type == "cuda":  # pragma: no mutate block (CUDA only: tests/test_gpu.py)
             # The constants were made on this thread's current stream; a loader reads them on its own
             # stream, which nothing orders after these copies and kernels: finish them now, once.
             torch.cuda.current_stream(self.device).synchronize()

@@ -219,9 +219,10 @@ class SplitData:
         ds = f["images"]
         try:
             lo, hi = int(rows[0]), int(rows[-1]) + 1
-            if hi - lo == len(rows) and np.all(np.diff(where) == 1):  # one run, in order: read in place
+            run = bool(np.all(np.diff(rows) == 1))  # consecutive rows, none repeated (rows are sorted)
+            if run and np.all(np.diff(where) == 1):  # one run, in order: read in place
                 ds.read_direct(images, np.s_[lo:hi], np.s_[int(where[0]):int(where[0]) + hi - lo])
-            elif hi - lo == len(rows):
+            elif run:
                 images[where] = ds[lo:hi]
             else:
                 for r, w in zip(rows.tolist(), where.tolist()):

@@ -79,3 +79,126 @@ def test_whole_batch_views_slice_exactly_as_the_gather(tmp_path):
             sliced = norm(images, view, 15)
             gathered = norm._gather(images, view, 15).permute(0, 3, 1, 2)
             assert torch.equal(sliced, gathered)
+
+
+def test_center_crops_are_int64_offsets_and_no_flip():
+    spec = center_crops(3, 256, 227)  # 29 spare rows: offset 14 (floor), as Theano's
+    assert spec.oy.dtype == spec.ox.dtype == np.int64 and spec.flip.dtype == bool
+    assert spec.oy.tolist() == spec.ox.tolist() == [14, 14, 14] and spec.flip.tolist() == [False] * 3
+
+
+MASK = (1 << 64) - 1
+
+
+def splitmix64_next(state: int) -> tuple[int, int]:
+    """Vigna's SplitMix64 generator step in plain Python integers: (new state, output)."""
+    state = (state + 0x9E3779B97F4A7C15) & MASK
+    z = state
+    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & MASK
+    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & MASK
+    return state, z ^ (z >> 31)
+
+
+def reference_bits(seed: int, epoch: int, position: int, stream: int) -> int:
+    """random_bits's documented construction: the key hashes seed, epoch and stream in turn."""
+    key = 0
+    for part in (seed, epoch, stream):
+        key = splitmix64_next(key ^ (part & MASK))[1]
+    return splitmix64_next(position ^ key)[1]
+
+
+def test_hash_is_splitmix64():
+    """The published first outputs of SplitMix64 seeded with 0, and random_bits against plain integers."""
+    state, outputs = 0, []
+    for _ in range(3):
+        state, out = splitmix64_next(state)
+        outputs.append(out)
+    assert outputs == [0xE220A8397B1DCDAF, 0x6E789E6AA1B965F4, 0x06C45D188009454F]
+    pos = np.array([0, 1, 7, 2**40 + 3])
+    for seed, epoch, stream in ((0, 0, 0), (1, 2, 1), (2**63 - 1, 64, 2)):
+        got = random_bits(seed, epoch, pos, stream)
+        assert got.dtype == np.uint64
+        assert [int(v) for v in got] == [reference_bits(seed, epoch, int(p), stream) for p in pos]
+
+
+def test_train_crops_use_streams_0_1_2_by_hand():
+    pos = np.arange(40, 48)
+    spec = train_crops(9, 3, pos, 40, 32, True, True)
+    assert spec.oy.dtype == spec.ox.dtype == np.int64 and spec.flip.dtype == bool
+    assert spec.oy.tolist() == [reference_bits(9, 3, int(p), 0) % 9 for p in pos]  # 9 offsets: 0..8
+    assert spec.ox.tolist() == [reference_bits(9, 3, int(p), 1) % 9 for p in pos]
+    assert spec.flip.tolist() == [bool(reference_bits(9, 3, int(p), 2) & 1) for p in pos]
+    no_flip = train_crops(9, 3, pos, 40, 32, True, False)
+    assert no_flip.oy.tolist() == spec.oy.tolist() and no_flip.flip.dtype == bool and not no_flip.flip.any()
+    fixed = train_crops(9, 3, pos, 40, 33, False, True)  # 7 spare rows: offset 3
+    assert fixed.oy.tolist() == fixed.ox.tolist() == [3] * 8 and fixed.flip.tolist() == spec.flip.tolist()
+
+
+def test_uniform_views_are_detected_over_the_first_n_only():
+    from data.augment import _uniform
+    spec = CropSpec(np.array([2, 2, 5]), np.array([1, 1, 1]), np.array([True, True, False]))
+    assert _uniform(spec, 2) == (2, 1, True) and _uniform(spec, 3) is None and _uniform(spec, 0) is None
+    assert _uniform(spec, 1) == (2, 1, True)  # a batch of one image
+    for field in ("oy", "ox", "flip"):  # one differing field is enough to need the gather
+        arrays = {"oy": np.array([2, 2]), "ox": np.array([1, 1]), "flip": np.array([False, False])}
+        arrays[field] = arrays[field].copy()
+        arrays[field][1] = 1 - arrays[field][1] if field != "flip" else True
+        assert _uniform(CropSpec(**arrays), 2) is None
+
+
+def test_staged_indices_and_a_larger_out_buffer():
+    """Per-image crops given as device index rows (data.staging), written into the head of `out`."""
+    rng = np.random.default_rng(3)
+    images = rng.integers(0, 256, (4, 12, 12, 3), dtype=np.uint8)
+    mean = rng.uniform(0, 255, (12, 12, 3)).astype(np.float32)
+    spec = CropSpec(np.array([0, 3, 1, 2]), np.array([2, 0, 3, 1]), np.array([True, False, False, True]))
+    indices = torch.tensor(np.stack([spec.oy, spec.ox, spec.flip]).astype(np.int64))
+    out = torch.full((6, 3, 9, 9), -1.0).contiguous(memory_format=torch.channels_last)
+    got = Normalizer("image", mean)(torch.from_numpy(images), spec, 9, out=out, indices=indices)
+    assert got.shape == (4, 3, 9, 9) and got.data_ptr() == out.data_ptr()
+    np.testing.assert_allclose(got.numpy(), reference(images, mean, spec, 9), rtol=0, atol=1e-4)
+    assert (out[4:] == -1).all()
+    plain = Normalizer("image", mean)(torch.from_numpy(images), spec, 9)
+    assert plain.is_contiguous(memory_format=torch.channels_last)
+    np.testing.assert_allclose(plain.numpy(), reference(images, mean, spec, 9), rtol=0, atol=1e-4)
+
+
+def test_channel_mode_with_per_image_crops_and_bad_modes():
+    images = np.random.default_rng(2).integers(0, 256, (2, 8, 8, 3), dtype=np.uint8)
+    m, s = (0.5, 0.25, 0.75), (0.5, 0.125, 0.25)
+    spec = CropSpec(np.array([0, 2]), np.array([1, 0]), np.array([False, True]))
+    got = Normalizer("channel", None, m, s)(torch.from_numpy(images), spec, 6).numpy()
+    crops = [images[0, 0:6, 1:7], images[1, 2:8, 0:6, :][:, ::-1]]
+    expect = np.stack([((c / 255.0 - m) / s).transpose(2, 0, 1) for c in crops])
+    np.testing.assert_allclose(got, expect, atol=1e-5)
+    with pytest.raises(ValueError, match="^data.mean=image needs the dataset's mean image$"):
+        Normalizer("image", None)
+    with pytest.raises(ValueError, match="^data.mean must be image or channel, got 'pixel'$"):
+        Normalizer("pixel", None)
+
+
+def test_output_is_float32_whatever_the_mean_image_dtype():
+    images = np.random.default_rng(4).integers(0, 256, (2, 8, 8, 3), dtype=np.uint8)
+    mean = np.random.default_rng(5).uniform(0, 255, (8, 8, 3))  # float64
+    got = Normalizer("image", mean)(torch.from_numpy(images), center_crops(2, 8, 6), 6)
+    assert got.dtype == torch.float32
+    np.testing.assert_allclose(got.numpy(), reference(images, mean, center_crops(2, 8, 6), 6), atol=1e-4)
+
+
+def test_staged_indices_are_used_as_given():
+    """The rows staged on the device are what the crops are cut from (the spec is not copied again)."""
+    images = np.random.default_rng(6).integers(0, 256, (2, 10, 10, 3), dtype=np.uint8)
+    mean = np.zeros((10, 10, 3), np.float32)
+    staged = CropSpec(np.array([0, 2]), np.array([1, 0]), np.array([True, False]))
+    other = CropSpec(np.array([1, 0]), np.array([0, 2]), np.array([False, True]))
+    indices = torch.tensor(np.stack([staged.oy, staged.ox, staged.flip]).astype(np.int64))
+    got = Normalizer("image", mean)(torch.from_numpy(images), other, 8, indices=indices)
+    np.testing.assert_allclose(got.numpy(), reference(images, mean, staged, 8), atol=1e-4)
+
+
+def test_hash_overflow_is_silent():
+    """The hash wraps around 2**64 by design: no overflow warning (an error under -W error)."""
+    import warnings
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert random_bits(2**63 - 1, 7, np.arange(3), 2).shape == (3,)

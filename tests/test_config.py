@@ -9,11 +9,15 @@ from alexnet.config import (
     RANGES,
     Config,
     ConfigError,
+    DuplicateKeyError,
+    Range,
     differences,
     dump_yaml,
     from_dict,
     load_config,
     parse_override,
+    read_yaml,
+    summary,
     to_dict,
 )
 
@@ -203,3 +207,117 @@ def test_merge_keys_and_binary_files(tmp_path):
     path.write_bytes(b"train: {lr: \xff\xfe\x00}\n")
     with pytest.raises(ConfigError, match="not valid YAML"):
         load_config(path)
+
+
+@pytest.mark.parametrize("rng, text", [
+    (Range(0, low_open=True), "be positive"), (Range(0), "not be negative"), (Range(2), "be at least 2"),
+    (Range(1, low_open=True), "be greater than 1"), (Range(0.5), "be at least 0.5"),
+    (Range(0, 1, high_open=True), "be in [0, 1)"), (Range(0, 1, low_open=True), "be in (0, 1]"),
+    (Range(0.5, 2.5), "be in [0.5, 2.5]"), (Range(-3, 1e16, True, True), "be in (-3, 1e+16)"),
+])
+def test_range_descriptions(rng, text):
+    assert rng.describe() == text
+
+
+def test_range_bounds_open_and_closed():
+    assert 1 in Range(1) and 1 not in Range(1, low_open=True) and 0.99 not in Range(1)
+    assert 2 in Range(0, 2) and 2 not in Range(0, 2, high_open=True) and 2.01 not in Range(0, 2)
+    assert 1.5 in Range(1, 2, low_open=True, high_open=True) and 10**9 in Range(0)
+
+
+def test_relations_between_keys(tmp_path):
+    path = write(tmp_path, "data: {root: x}\n")
+    for override, expect in [
+        ("data.channel_mean=[0.5, 0.5]",
+         r"^data.channel_mean and data.channel_std must be 3 values each \(R, G, B\)$"),
+        ("data.channel_std=[0.2, 0.2, 0.2, 0.2]", "must be 3 values each"),
+        ("train.slices=3", "train.batch_size=256 is not divisible by train.slices=3"),
+        ("train.lr_steps=[2, 5, 4]", r"train.lr_steps must be increasing, got \[2, 5, 4\]"),
+    ]:
+        with pytest.raises(ConfigError, match=expect):
+            load_config(path, [override])
+    with pytest.raises(ConfigError, match="^parallel.transport=ipc exchanges weights only; gradients use nccl, "
+                                          "gloo or auto$"):
+        load_config(path, ["parallel.exchange=gradients", "parallel.transport=ipc"])
+    ok = [["train.slices=4"], ["parallel.transport=ipc"], ["parallel.exchange=gradients", "parallel.transport=gloo"],
+          ["train.lr_policy=cosine", "train.lr_min=0.01"], ["train.lr_steps=[1, 2, 30]"]]
+    for overrides in ok:  # the limits themselves are allowed (lr_min == lr, batch 256 in 4 slices)
+        load_config(path, overrides)
+
+
+def test_summary_and_differences(tmp_path):
+    assert summary(Config()) == "  (paper defaults)"
+    cfg = load_config(write(tmp_path, "train: {lr: 0.02}\n"), ["data.root=x"])
+    assert summary(cfg) == "  data.root = x\n  train.lr = 0.02"
+    base = Config()
+    base.data.root = "x"
+    assert differences(cfg, base) == {"train.lr": 0.02}
+
+
+def test_overrides_without_a_file_and_an_empty_file(tmp_path):
+    assert load_config(None, ["data.root=x"]).train.lr == 0.01
+    assert load_config(write(tmp_path, ""), ["data.root=x"]) == load_config(None, ["data.root=x"])
+    with pytest.raises(ConfigError, match="^data.root is not set: point it to a scripts/preprocess.py output folder$"):
+        load_config(None)
+
+
+def test_parse_override_spacing_and_empty_values():
+    assert parse_override(" train.lr =0.5") == ("train.lr", 0.5)
+    assert parse_override("data.root=") == ("data.root", "")
+    assert parse_override("data.root=  ") == ("data.root", "")
+    assert parse_override("data.root= a=b") == ("data.root", "a=b")  # split at the first '=' only
+    with pytest.raises(ConfigError, match=r"override 'train.lr=\[' : value is not valid YAML|not valid YAML"):
+        parse_override("train.lr=[")
+    with pytest.raises(ConfigError, match="must look like section.key=value"):
+        parse_override("train.lr")
+
+
+def test_sources_named_in_errors_and_types_coerced(tmp_path):
+    path = write(tmp_path, "data: {root: x}\ntrain: {lrr: 1}\n")
+    with pytest.raises(ConfigError, match=f"^{path}: unknown key train.lrr"):
+        load_config(path)
+    with pytest.raises(ConfigError, match="^command line: unknown section 'trian'"):
+        load_config(None, ["trian.lr=1"])
+    with pytest.raises(ConfigError, match="^stored config: model must be a mapping"):
+        from_dict({"model": 3})
+    cfg = from_dict({"train": {"lr_steps": (1, 2)}, "data": {"channel_mean": [1, 0, 0]}, "model": {"num_classes": 5}})
+    assert cfg.train.lr_steps == [1, 2] and cfg.model.num_classes == 5
+    assert cfg.data.channel_mean == [1.0, 0.0, 0.0] and all(type(v) is float for v in cfg.data.channel_mean)
+    with pytest.raises(ConfigError, match=r"model.num_classes must be int, got 'x' \(str\)"):
+        from_dict({"model": {"num_classes": "x"}})
+    with pytest.raises(ConfigError, match=r"data.channel_mean\[1\] must be float, got True"):
+        from_dict({"data": {"channel_mean": [0.5, True, 0.5]}})
+    with pytest.raises(ConfigError, match="run.dir must be str, got 5"):
+        from_dict({"run": {"dir": 5}})
+
+
+def test_dump_yaml_reads_back_in_section_order():
+    cfg = from_dict({"train": {"lr": 0.02}, "data": {"root": "r"}})
+    text = dump_yaml(cfg)
+    assert text.startswith("data:\n  root: r\n") and read_yaml(text) == to_dict(cfg)
+    assert "  lr_steps: [25, 45]\n" in text  # lists on one line
+    assert from_dict(read_yaml(text)) == cfg
+
+
+def test_unreadable_file_and_duplicates_after_an_unhashable_key(tmp_path, monkeypatch):
+    import yaml
+    with pytest.raises(DuplicateKeyError):  # keys after an unhashable one are still checked
+        read_yaml("{? [1]: 1, a: 1, a: 2}")
+    with pytest.raises(DuplicateKeyError):  # and after a merge key
+        read_yaml("a: &b {x: 1}\nc: {<<: *b, y: 3, y: 4}\n")
+    with pytest.raises(yaml.YAMLError, match="unhashable"):
+        read_yaml("{? [1]: 1, a: 1}")
+    path = write(tmp_path, "data: {root: x}\n")
+
+    def refuse(self):
+        raise PermissionError(13, "Permission denied")
+    monkeypatch.setattr(Path, "read_bytes", refuse)
+    with pytest.raises(ConfigError, match=f"config file {path} cannot be read \\(Permission denied\\)"):
+        load_config(path)
+
+
+def test_dotted_keys_in_one_mapping(tmp_path):
+    cfg = from_dict({"train.lr": 0.5, "train.momentum": 0.5, "data": {"root": "x"}})
+    assert (cfg.train.lr, cfg.train.momentum, cfg.data.root) == (0.5, 0.5, "x")
+    with pytest.raises(ConfigError, match="^command line: unknown key train.lr.x; valid keys of train: "):
+        load_config(None, ["data.root=x", "train.lr.x=1"])

@@ -8,7 +8,7 @@ import torch
 from torch import nn
 
 from alexnet.config import TrainConfig
-from alexnet.optim import LRSchedule, build_optimizer
+from alexnet.optim import LRSchedule, PaperSGD, build_optimizer, param_groups
 
 
 class Tiny(nn.Module):
@@ -115,3 +115,68 @@ def test_apply_sets_bias_lr():
     opt = build_optimizer(model, TrainConfig())
     lr = sched(lr_policy="constant").apply(opt, 3)
     assert [g["lr"] for g in opt.param_groups] == [lr, 2 * lr]
+
+
+def test_apply_to_groups_without_lr_mult():
+    """A torch optimizer's groups have no lr_mult: they get the base lr itself."""
+    model = Tiny()
+    opt = torch.optim.SGD(model.parameters(), lr=1.0)
+    lr = sched(lr_policy="step", lr_steps=[1], lr_gamma=0.5).apply(opt, 10)  # epoch 2: 0.1 x 0.5
+    assert lr == pytest.approx(0.05) and [g["lr"] for g in opt.param_groups] == [lr]
+
+
+def test_step_calls_the_closure_and_skips_groups_without_gradients():
+    model = Tiny()
+    opt = build_optimizer(model, TrainConfig(lr=0.5, momentum=0.0, weight_decay=0.0))
+    w0, b0 = model.fc.weight.detach().clone(), model.fc.bias.detach().clone()
+    model.fc.bias.grad = torch.tensor([1.0, -2.0])  # the weights (first group) have no gradient
+    assert opt.step(lambda: 7.0) == 7.0
+    assert opt.step() is None
+    assert torch.equal(model.fc.weight.detach(), w0)
+    # two steps at lr 0.5 (lr_mult is applied by LRSchedule.apply, not used here), no momentum: b0 - g
+    torch.testing.assert_close(model.fc.bias.detach(), b0 - torch.tensor([1.0, -2.0]))
+    assert len(opt.velocities()) == 2 and opt.velocities()[0].abs().sum() == 0
+
+
+def test_optimizer_defaults_and_frozen_or_biasless_models():
+    model = Tiny()
+    opt = PaperSGD(model.parameters(), lr=0.1)
+    (group,) = opt.param_groups
+    assert (group["momentum"], group["weight_decay"], group["nesterov"], group["lr_mult"]) == (0.9, 0.0, False, 1.0)
+    model.fc.bias.requires_grad_(False)  # frozen: in no group
+    groups = param_groups(model, TrainConfig())
+    assert [g["name"] for g in groups] == ["weights"] and groups[0]["params"] == [model.fc.weight]
+    biasless = nn.Linear(3, 2, bias=False)
+    assert [g["name"] for g in param_groups(biasless, TrainConfig())] == ["weights"]
+    model.fc.weight.requires_grad_(False)
+    model.fc.bias.requires_grad_(True)
+    groups = param_groups(model, TrainConfig(weight_decay=0.1, bias_decay_mult=0.5, bias_lr_mult=3.0))
+    assert groups[0]["params"] == [] and groups[1]["params"] == [model.fc.bias]
+    assert (groups[1]["lr_mult"], groups[1]["weight_decay"]) == (3.0, pytest.approx(0.05))
+
+
+def test_auto_policy_boundaries_by_hand():
+    """patience 1, threshold 0.25, gamma 0.5; numbers exact in binary, so the comparisons are exact."""
+    s = sched(lr_policy="auto", lr_auto_threshold=0.25, lr_auto_patience=1, lr_gamma=0.5)
+    assert not s.on_validation(1, 1.0)     # no epoch `patience` back yet
+    assert not s.on_validation(2, 0.5)     # improved by 0.5 over the last epoch
+    assert not s.on_validation(3, 0.25)    # improved by exactly the threshold: not a stall
+    assert s.on_validation(4, 0.125)       # 0.125 < 0.25: lr x 0.5
+    assert s.on_validation(5, 0.125)       # `patience` (1) epochs after the drop, no progress: x 0.5 again
+    assert s.lr_at(0) == pytest.approx(0.1 * 0.25)
+    assert s.state_dict() == {"auto_factor": 0.25, "auto_last_drop": 5,
+                              "val_history": [1.0, 0.5, 0.25, 0.125, 0.125]}
+    other = sched(lr_policy="step")         # another policy never drops
+    assert not any(other.on_validation(e, 0.5) for e in range(1, 6))
+
+
+def test_cosine_and_warmup_edges_by_hand():
+    s = sched(lr_policy="cosine", epochs=10, lr_min=0.001)
+    assert s.lr_at(150) == pytest.approx(0.001)  # past the end: stays at lr_min
+    one = sched(steps_per_epoch=1, lr_policy="cosine", epochs=1, lr_min=0.001)
+    assert one.lr_at(0) == pytest.approx(0.1) and one.lr_at(1) == pytest.approx(0.001)
+    assert LRSchedule(TrainConfig(lr=0.1, lr_policy="cosine"), 10, scale=0.0).lr_at(5) == 0.0
+    w = sched(lr_policy="constant", warmup_epochs=1.0, warmup_start_factor=0.2)
+    assert w.lr_at(5) == pytest.approx(0.1 * (0.2 + 0.8 * 5 / 10))
+    k2 = LRSchedule(TrainConfig(lr=0.1, lr_policy="constant", warmup_epochs=1.0), 10, scale=2.0)
+    assert k2.lr_at(0) == pytest.approx(0.1) and k2.lr_at(5) == pytest.approx(0.15)  # from lr to 2 x lr

@@ -1,0 +1,70 @@
+"""alexnet/rundir.py: who locks run.dir, one run at a time, dead writers' temporaries removed,
+config.yaml with its earlier versions kept."""
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from alexnet import rundir
+from alexnet.launch import ENV_LOCK_FD
+from data.fsutil import DirInUse
+
+
+@pytest.mark.parametrize("env, want", [
+    ({}, True),                                    # a lone process
+    ({"WORLD_SIZE": "4", "RANK": "0"}, True),      # rank 0 under torchrun
+    ({"WORLD_SIZE": "4", "RANK": "1"}, False),
+    ({"WORLD_SIZE": "4"}, False),                  # no rank given: not rank 0
+    ({ENV_LOCK_FD: "7"}, False),                   # a replica of train.py's launcher
+    ({ENV_LOCK_FD: "7", "WORLD_SIZE": "2", "RANK": "0"}, False),
+])
+def test_lock_holder_here(monkeypatch, env, want):
+    for key in (ENV_LOCK_FD, "WORLD_SIZE", "RANK"):
+        monkeypatch.delenv(key, raising=False)
+    for key, value in env.items():
+        monkeypatch.setenv(key, value)
+    assert rundir.lock_holder_here() is want
+
+
+def dead_pid() -> int:
+    """The pid of a process that has ended (and been reaped)."""
+    p = subprocess.Popen([sys.executable, "-c", "pass"])
+    p.wait()
+    return p.pid
+
+
+def test_hold_removes_dead_writers_temporaries_and_refuses_a_second_run(tmp_path, capsys):
+    run = tmp_path / "run"
+    (run / "checkpoints").mkdir(parents=True)
+    dead, sub = run / f".config.yaml.{dead_pid()}.tmp", run / "checkpoints" / f".last.pt.{dead_pid()}.tmp"
+    live = run / "checkpoints" / ".epoch_001.pt.1.tmp"  # pid 1 is alive: its write may still finish
+    for p in (dead, sub, live):
+        p.write_bytes(b"x")
+    with rundir.hold(run) as fd:
+        assert isinstance(fd, int) and fd >= 0
+        assert not dead.exists() and not sub.exists() and live.exists()
+        out = capsys.readouterr().out
+        assert f"removed {dead}" in out and f"removed {sub}" in out
+        with pytest.raises(DirInUse):  # another holder (a second open file description) is refused
+            with rundir.hold(run):
+                pass
+    with rundir.hold(run):  # released when the first run ends
+        pass
+
+
+def test_write_config_keeps_each_different_previous_config(tmp_path):
+    run = tmp_path / "runs" / "run"
+    assert rundir.write_config(run, "a: 1\n") is None           # creates run.dir and its parents
+    assert (run / "config.yaml").read_text() == "a: 1\n"
+    assert rundir.write_config(run, "a: 1\n") is None           # the same again: nothing kept
+    kept = rundir.write_config(run, "a: 2\n")
+    assert kept == run / "config.prev-1.yaml" and kept.read_text() == "a: 1\n"
+    (run / "config.prev-9.yaml").write_text("old")                # numbering goes on after the highest
+    (run / "config.prev-x.yaml").write_text("not a number")
+    kept = rundir.write_config(run, "a: 3\n")
+    assert kept == run / "config.prev-10.yaml" and kept.read_text() == "a: 2\n"
+    assert (run / "config.yaml").read_text() == "a: 3\n"
+    assert sorted(p.name for p in run.iterdir()) == ["config.prev-1.yaml", "config.prev-10.yaml",
+                                                     "config.prev-9.yaml", "config.prev-x.yaml", "config.yaml"]

@@ -209,7 +209,7 @@ class BufferPool:
     def take(self, shape: tuple[int, ...]) -> np.ndarray:
         """A C-contiguous uint8 array of `shape` that nobody else holds."""
         for i in range(len(self._bufs)):
-            if _unreferenced(self._bufs[i]) and self._bufs[i].shape[1:] == shape[1:] \
+            if _refs(self._bufs[i]) <= _POOL_ONLY and self._bufs[i].shape[1:] == shape[1:] \
                     and len(self._bufs[i]) >= shape[0]:
                 return self._bufs[i][:shape[0]]
         buf = np.empty(shape, np.uint8)
@@ -220,6 +220,17 @@ class BufferPool:
         return buf[:shape[0]]
 
 
-def _unreferenced(buf: np.ndarray) -> bool:
-    # getrefcount sees the pool's list, this function's argument and its own argument
-    return sys.getrefcount(buf) <= 3
+def _refs(buf: np.ndarray) -> int:
+    """The references to `buf` that getrefcount sees from inside this call."""
+    return sys.getrefcount(buf)
+
+
+def _refs_held_by_a_list() -> int:
+    """What _refs counts for an array that only a list holds."""
+    bufs = [np.empty(0, np.uint8)]
+    return _refs(bufs[0])  # called as BufferPool.take calls it
+
+
+# What _refs counts for an array only the pool's list holds: 3 on Python 3.11+ (the list, the argument,
+# getrefcount's own), 4 on 3.10, whose calls also keep the caller's stack reference; measured, not assumed.
+_POOL_ONLY = _refs_held_by_a_list()

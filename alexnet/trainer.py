@@ -158,6 +158,7 @@ class Trainer:
 
     def fit(self) -> dict:
         """Train (or resume) to train.epochs; returns the last validation metrics (or {})."""
+        interrupted = False
         try:
             self.resume()
             if self.dist.is_main:  # after resume's checks: a refused resume leaves the run's config as it was
@@ -172,8 +173,11 @@ class Trainer:
                 if not self.train_one_epoch(self.epoch, self.step):
                     break
                 self.end_epoch()
+        except KeyboardInterrupt:  # a second Ctrl-C, wherever it lands: do not wait for a write either
+            interrupted = True
+            raise
         finally:
-            self.close()
+            self.close(finish_write=not interrupted)
         return self.last_val or {}
 
     def end_epoch(self) -> None:
@@ -451,10 +455,11 @@ class Trainer:
                               f"{self.steps_per_epoch} steps (batch size or data changed)")
         return step
 
-    def close(self) -> None:
+    def close(self, finish_write: bool = True) -> None:
         """Finish the checkpoint being written (its failure is raised), then stop the helpers."""
         try:
-            self.writer.wait(beat=self.heartbeat.beat)
+            if finish_write:
+                self.writer.wait(beat=self.heartbeat.beat)
         finally:
             self.replica.close()
             self.loader.close()

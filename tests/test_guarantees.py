@@ -118,7 +118,7 @@ import os, signal, sys, time
 sys.path.insert(0, {repo!r})
 import alexnet.trainer as tr
 slow = {slow!r}
-_step, _save = tr.Trainer.train_step, tr.CheckpointDir.save
+_step, _save, _submit = tr.Trainer.train_step, tr.CheckpointDir.save, tr.Trainer.save
 def step(self, x, y):
     _step(self, x, y)
     if self.global_step == 0:
@@ -127,17 +127,21 @@ def step(self, x, y):
             print("slow step", file=sys.stderr, flush=True)
             time.sleep(60)                   # ...which takes long: the user presses Ctrl-C again
 def save(self, *a, **k):
-    if slow == "checkpoint":
+    if slow.startswith("checkpoint"):
         print("slow checkpoint", file=sys.stderr, flush=True)
         time.sleep(60)                       # ...on a slow disk: the user presses Ctrl-C again
     return _save(self, *a, **k)
-tr.Trainer.train_step, tr.CheckpointDir.save = step, save
+def submit(self, *a, **k):
+    _submit(self, *a, **k)
+    if slow == "checkpoint, Ctrl-C before the trainer waits":
+        time.sleep(5)                        # the second Ctrl-C lands here, before the trainer waits
+tr.Trainer.train_step, tr.CheckpointDir.save, tr.Trainer.save = step, save, submit
 import train
 sys.exit(train.main(sys.argv[1:]))
 """
 
 
-@pytest.mark.parametrize("slow", ["step", "checkpoint"])
+@pytest.mark.parametrize("slow", ["step", "checkpoint", "checkpoint, Ctrl-C before the trainer waits"])
 def test_a_second_ctrl_c_stops_at_once(small, tmp_path, slow):
     """The first Ctrl-C asks for a checkpoint; a second one while the step or the checkpoint's write
     takes long (60 s here) stops within seconds, exit 130, saying that no checkpoint was written."""

@@ -15,9 +15,11 @@ import pytest
 import torch
 
 from tests.conftest import REPO
+from tests.test_benchmarks import CASES, IN_GPU_BENCH_TWIN, check_keys
 
 sys.path.append(str(REPO / "scripts"))  # last: its scripts must not shadow other modules
 from gpucheck import basics, cli, runner, speed, table  # noqa: E402
+from gpucheck.benchmarks import bench_args  # noqa: E402
 
 CUDA_ONLY = {"pytest-gpu": "CUDA", "multi-nccl-weights": "needs 2 GPUs, found 0",
              "multi-ddp-nccl": "needs 2 GPUs, found 0", "multi-torchrun": "needs 2 GPUs, found 0",
@@ -134,7 +136,11 @@ def test_cpu_twin_runs_the_bench_sequence(runs):
     steps = r.steps
     assert list(steps) == table.BENCH == ["bench-train", "bench-loading", "bench-exchange"]
     assert all(s["status"] == "passed" for s in steps.values()), steps
-    assert steps["bench-train"]["figures"]["rows"] and steps["bench-exchange"]["figures"]["rows"]
+    assert steps["bench-train"]["figures"]["rows"]
+    for what in IN_GPU_BENCH_TWIN:  # the twin runs them with test_benchmarks' flags: their keys checked here
+        assert bench_args(runner.Ctx(r.out, "cpu", 0), what)[:len(CASES[what][0])] == CASES[what][0]
+        log = (r.out / "logs" / f"bench-{what}" / f"{what}.log").read_text()
+        check_keys(what, steps[f"bench-{what}"]["figures"], log)
     assert "## Benchmarks" in r.md and "### bench-loading:" in r.md
     assert not (r.out / "work").exists()
 

@@ -107,10 +107,11 @@ def test_slices_equal_one_pass(trained, replicas):
 
 
 def test_checkpoint_resumes_into_one_replica_and_back(train_data, tmp_path):
-    """2 replicas for an epoch, 1 replica (same global batch) for the next, 2 again: as 3 epochs of 2."""
+    """2 replicas for an epoch, 1 replica (same global batch) for the next, 2 again: as 3 epochs of 1 replica
+    with that batch (which 2 replicas follow: test_two_replicas_equal_one_with_twice_the_batch)."""
     straight, hopped = tmp_path / "straight", tmp_path / "hopped"
     two = {"train.batch_size": 8, "parallel.replicas": 2, "parallel.exchange": "gradients"}
-    train(train_data, straight, **two, **{"train.epochs": 3})
+    train(train_data, straight, **{"train.batch_size": 16, "train.epochs": 3})
     train(train_data, hopped, **two, **{"train.epochs": 1})
     r = train(train_data, hopped, **{"train.batch_size": 16, "train.epochs": 2})
     assert "resumed from" in r.stdout

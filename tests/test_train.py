@@ -30,6 +30,14 @@ def assert_same_weights(a: Path, b: Path) -> None:
         assert torch.equal(va[k]["velocity"], vb[k]["velocity"]), k
 
 
+@pytest.fixture(scope="module")
+def straight(train_data, tmp_path_factory) -> Path:
+    """The uninterrupted tiny run (tiny_overrides' 2 epochs) the resume tests compare with; they only read it."""
+    run = tmp_path_factory.mktemp("straight") / "run"
+    assert train.main(["configs/demo.yaml", *tiny_overrides(train_data, run)]) == 0
+    return run
+
+
 def test_writes_run_directory(train_data, tmp_path):
     run = tmp_path / "run"
     args = tiny_overrides(train_data, run, **{"train.epochs": 1, "data.val_batch_size": 5})
@@ -47,10 +55,9 @@ def test_writes_run_directory(train_data, tmp_path):
     assert (run / "checkpoints" / "best.pt").is_file()
 
 
-def test_resume_equals_uninterrupted(train_data, tmp_path):
+def test_resume_equals_uninterrupted(train_data, tmp_path, straight):
     """2 epochs straight == 1 epoch, then the same command again to 2: same weights, same metrics."""
-    straight, split = tmp_path / "straight", tmp_path / "split"
-    assert train.main(["configs/demo.yaml", *tiny_overrides(train_data, straight)]) == 0
+    split = tmp_path / "split"
     assert train.main(["configs/demo.yaml", *tiny_overrides(train_data, split, **{"train.epochs": 1})]) == 0
     assert train.main(["configs/demo.yaml", *tiny_overrides(train_data, split)]) == 0
     assert_same_weights(straight / "checkpoints" / "last.pt", split / "checkpoints" / "last.pt")
@@ -158,7 +165,7 @@ def test_bad_config_fails_at_start(tmp_path, bad, expect):
     assert r.returncode == 2 and expect in r.stderr, r.stderr
 
 
-def test_sigint_writes_checkpoint_and_resumes(train_data, tmp_path):
+def test_sigint_writes_checkpoint_and_resumes(train_data, tmp_path, straight):
     """Ctrl-C mid-epoch: exit 130 after a checkpoint; the same command continues identically."""
     hook = """
 import os, signal, sys
@@ -173,8 +180,7 @@ tr.Trainer.train_step = step
 import train
 sys.exit(train.main(sys.argv[1:]))
 """
-    straight, split = tmp_path / "straight", tmp_path / "split"
-    assert train.main(["configs/demo.yaml", *tiny_overrides(train_data, straight)]) == 0
+    split = tmp_path / "split"
     args = ["configs/demo.yaml", *tiny_overrides(train_data, split)]
     proc = subprocess.run([sys.executable, "-c", hook.format(repo=str(REPO)), *args], cwd=REPO,
                           capture_output=True, text=True, timeout=300)
@@ -232,10 +238,9 @@ def test_no_loadable_checkpoint_exits_2_naming_the_file(train_data, tmp_path):
     assert "Traceback" not in r.stderr
 
 
-def test_resume_from_starts_a_new_run_where_a_checkpoint_ended(train_data, tmp_path):
+def test_resume_from_starts_a_new_run_where_a_checkpoint_ended(train_data, tmp_path, straight):
     """run.resume_from=FILE in a fresh run.dir == continuing the run that wrote FILE."""
-    straight, first, second = tmp_path / "straight", tmp_path / "first", tmp_path / "second"
-    assert train.main(["configs/demo.yaml", *tiny_overrides(train_data, straight)]) == 0
+    first, second = tmp_path / "first", tmp_path / "second"
     assert train.main(["configs/demo.yaml", *tiny_overrides(train_data, first, **{"train.epochs": 1})]) == 0
     src = first / "checkpoints" / "epoch_001.pt"
     assert train.main(["configs/demo.yaml", *tiny_overrides(train_data, second), f"run.resume_from={src}"]) == 0
@@ -266,10 +271,9 @@ def test_resume_takes_momentum_and_decay_from_the_config(train_data, tmp_path):
     assert [(g["momentum"], g["weight_decay"]) for g in groups] == [(0.5, 0.001), (0.5, 0.0)]
 
 
-def test_stop_after_the_last_step_of_an_epoch_resumes(train_data, tmp_path):
+def test_stop_after_the_last_step_of_an_epoch_resumes(train_data, tmp_path, straight):
     """train.max_steps (or Ctrl-C) on an epoch's last step: the same command validates, then goes on exactly."""
-    straight, split = tmp_path / "straight", tmp_path / "split"
-    assert train.main(["configs/demo.yaml", *tiny_overrides(train_data, straight)]) == 0
+    split = tmp_path / "split"
     args = tiny_overrides(train_data, split)
     steps = load(straight / "checkpoints" / "epoch_001.pt")["global_step"]
     assert train.main(["configs/demo.yaml", *args, f"train.max_steps={steps}"]) == 0

@@ -22,8 +22,8 @@ from alexnet.metrics import read_metrics
 from alexnet.model_parallel import ShardedNet, build_sharded, parameter_bytes, sharding_problem
 from alexnet.models import build_model
 from layers import Comm
-from tests.conftest import load_script, run_script, tiny_overrides
-from tests.test_parallel import DETERMINISTIC, assert_fault_ends_the_run, rel_diff
+from tests.conftest import load_script
+from tests.test_parallel import assert_fault_ends_the_run, rel_diff, train
 
 PART_CASES = [("columns", "alexnet", 2), ("columns", "caffenet", 2), ("fc", "alexnet", 2), ("fc", "caffenet", 4),
               ("fc", "owt", 4)]
@@ -173,10 +173,7 @@ def test_hybrid_gradients_reduced_once_each_during_backward(members):
 # -- train.py end to end --------------------------------------------------------------------------------
 
 def run(train_data, run_dir, **extra):
-    r = run_script("train.py", "configs/demo.yaml", *tiny_overrides(train_data, run_dir, **{**DETERMINISTIC, **extra}),
-                   timeout=420)
-    assert r.returncode == 0, r.stderr[-3000:]
-    return r
+    return train(train_data, run_dir, timeout=420, **extra)
 
 
 @pytest.fixture(scope="module")

@@ -190,8 +190,8 @@ def _rank_of(pid: int) -> int:
 
 def assert_fault_ends_the_run(train_data, run, fault: str, **extra) -> None:
     """Kill (SIGKILL) or hang (SIGSTOP) rank 1 of a 2-process run: it ends within the bound
-    (parallel.timeout=10 s), exit 1, rank 1 named, no process left, the last checkpoint loadable."""
-    proc = _launch(train_data, run, **{"parallel.timeout": 10, **extra})
+    (parallel.timeout=6 s), exit 1, rank 1 named, no process left, the last checkpoint loadable."""
+    proc = _launch(train_data, run, **{"parallel.timeout": 6, **extra})
     reps = _replicas_training(proc, run)
     everything = _tree(reps)
     victim = next(p for p in reps if _rank_of(p) == 1)
@@ -200,7 +200,7 @@ def assert_fault_ends_the_run(train_data, run, fault: str, **extra) -> None:
     _, err = proc.communicate(timeout=120)
     took = time.monotonic() - start
     assert proc.returncode == 1, err[-2000:]
-    assert took < (10 if fault == "kill" else 10 + 40), took
+    assert took < (10 if fault == "kill" else 6 + 40), took
     if fault == "kill":
         assert "replica rank 1" in err and "signal 9" in err, err[-2000:]
     else:

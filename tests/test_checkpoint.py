@@ -111,11 +111,11 @@ def test_failed_checkpoint_write_stops_the_run(train_data, tmp_path, monkeypatch
 
 
 def test_slow_checkpoint_write_does_not_trip_the_collective_timeout(train_data, tmp_path):
-    """Rank 0 writes for 3 x parallel.timeout; the others train on, then wait at the long-timeout barrier."""
+    """Rank 0 writes for 2.25 x parallel.timeout; the others train on, then wait at the long-timeout barrier."""
     hook = tmp_path / "hook"
     hook.mkdir()
     from tests.conftest import REPO
-    (hook / "sitecustomize.py").write_text(SLOW_DISK.format(repo=str(REPO), delay=12))
+    (hook / "sitecustomize.py").write_text(SLOW_DISK.format(repo=str(REPO), delay=9))
     ref, run = tmp_path / "ref", tmp_path / "run"
     common = {**DETERMINISTIC, "train.batch_size": 8, "parallel.replicas": 2, "parallel.exchange": "gradients",
               "train.epochs": 2, "train.log_every": 1}

@@ -20,6 +20,7 @@ import argparse
 import re
 import shlex
 import shutil
+import signal
 import sys
 import tempfile
 import time
@@ -60,6 +61,10 @@ def main(argv: list[str] | None = None) -> int:
         for c in cases:
             print(f"{c.name:34} expect {c.expect:<3} {c.what}" + ("  (issue 19)" if c.listed else ""))
         return 0
+    if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
+        # started in the background (`&`, nohup): the tools it runs would inherit SIGINT ignored, and the
+        # Ctrl-C cases would judge that instead of the tools; a handled signal is reset to default on exec
+        signal.signal(signal.SIGINT, signal.default_int_handler)
     command = "python scripts/faults.py " + shlex.join(sys.argv[1:] if argv is None else argv)
     date = time.strftime("%Y-%m-%d")
     root = Path(args.work) if args.work else Path(tempfile.mkdtemp(prefix="faults-"))

@@ -78,3 +78,20 @@ def test_a_subset_of_the_table_with_planted_failures(tmp_path, monkeypatch, caps
     monkeypatch.setattr(faults, "CASES", [real, Case("planted-skip", "traceback", "x", 2, (), cannot)])
     assert faults.main(["--work", str(tmp_path / "w2"), "--json", str(js)]) == 0  # a SKIP fails nothing
     assert [c["verdict"] for c in json.loads(js.read_text())["cases"]] == ["OK", "SKIP"]
+
+
+def test_the_tools_get_the_default_ctrl_c_when_started_in_the_background(tmp_path, monkeypatch):
+    """A shell starts `faults.py &` with SIGINT ignored, and exec keeps an ignored signal ignored: its Ctrl-C
+    cases would judge that (exit 0 or a hang) instead of the tools."""
+    import signal
+    faults = load_script("faults")
+    probe = Case("sigint-default", "traceback", "the child's SIGINT disposition", 0, (), lambda work: [
+        "-c", "import signal, sys; sys.exit(0 if signal.getsignal(signal.SIGINT) is signal.default_int_handler "
+              "else 3)"])
+    monkeypatch.setattr(faults, "CASES", [probe])
+    saved = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        assert faults.main(["--work", str(tmp_path / "w"), "--json", str(tmp_path / "t.json")]) == 0
+    finally:
+        signal.signal(signal.SIGINT, saved)
+    assert json.loads((tmp_path / "t.json").read_text())["cases"][0]["verdict"] == "OK"

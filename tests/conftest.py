@@ -2,6 +2,7 @@
 how the suite runs: on two pytest-xdist workers when it is installed, the longest files first."""
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -25,13 +26,22 @@ def run_script(*args: str, timeout: float = 120, env: dict | None = None, **kw) 
                           env=full_env, **kw)
 
 
+@contextlib.contextmanager
+def signal_handlers_kept():
+    """train.py's main, called in this process, installs its Ctrl-C/SIGTERM handlers: put back the previous
+    ones afterwards (module fixtures that train in-process use it too: they run outside the test's own)."""
+    saved = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield
+    finally:
+        for s, handler in saved.items():
+            signal.signal(s, handler)
+
+
 @pytest.fixture(autouse=True)
 def _own_signal_handlers():
-    """train.py's main, called in this process, installs its Ctrl-C/SIGTERM handlers: they end with the test."""
-    saved = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
-    yield
-    for s, handler in saved.items():
-        signal.signal(s, handler)
+    with signal_handlers_kept():
+        yield
 
 
 @pytest.fixture(scope="session")

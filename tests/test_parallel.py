@@ -15,7 +15,7 @@ import pytest
 from alexnet.checkpoint import compare_checkpoints, load
 from alexnet.metrics import read_metrics
 from data.procs import child_pids
-from tests.conftest import REPO, run_script, tiny_overrides
+from tests.conftest import REPO, run_script, signal_handlers_kept, tiny_overrides
 from train import main as train_main
 
 # Randomness off and no dropout: then N replicas of batch b must follow 1 replica of batch N*b.
@@ -29,7 +29,7 @@ def train(train_data, run, timeout: float = 300, **extra) -> subprocess.Complete
     args = ["configs/demo.yaml", *tiny_overrides(train_data, run, **{**DETERMINISTIC, **extra})]
     if extra.get("parallel.replicas", 1) == 1 and extra.get("parallel.model_size", 1) == 1:
         out = io.StringIO()
-        with contextlib.redirect_stdout(out):
+        with contextlib.redirect_stdout(out), signal_handlers_kept():
             assert train_main(args) == 0
         return subprocess.CompletedProcess(args, 0, out.getvalue(), "")
     r = run_script("train.py", *args, timeout=timeout)

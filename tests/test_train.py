@@ -15,7 +15,7 @@ import yaml
 import train
 from alexnet.checkpoint import load
 from alexnet.metrics import read_metrics, without_wall_clock
-from tests.conftest import REPO, run_script, tiny_overrides
+from tests.conftest import REPO, run_script, signal_handlers_kept, tiny_overrides
 
 stable = without_wall_clock  # the records two runs of the same training must agree on
 
@@ -34,7 +34,8 @@ def assert_same_weights(a: Path, b: Path) -> None:
 def straight(train_data, tmp_path_factory) -> Path:
     """The uninterrupted tiny run (tiny_overrides' 2 epochs) the resume tests compare with; they only read it."""
     run = tmp_path_factory.mktemp("straight") / "run"
-    assert train.main(["configs/demo.yaml", *tiny_overrides(train_data, run)]) == 0
+    with signal_handlers_kept():
+        assert train.main(["configs/demo.yaml", *tiny_overrides(train_data, run)]) == 0
     return run
 
 

@@ -146,7 +146,6 @@ def check_writable(path: str | os.PathLike) -> None:
         raise NotADirectoryError(errno.ENOTDIR, f"{os.strerror(errno.ENOTDIR)}: {blocker} is a file", str(path))
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        with tempfile.TemporaryFile(dir=path.parent, prefix=f".{path.name}.probe"):
-            pass
+        tempfile.TemporaryFile(dir=path.parent, prefix=f".{path.name}.probe").close()  # a file can be made there
     except OSError as e:  # name the file asked for, not the probe
         raise OSError(e.errno, e.strerror, str(path)) from None

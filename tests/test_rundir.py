@@ -48,10 +48,9 @@ def test_hold_removes_dead_writers_temporaries_and_refuses_a_second_run(tmp_path
         out = capsys.readouterr().out
         assert f"removed {dead}" in out and f"removed {sub}" in out
         with pytest.raises(DirInUse):  # another holder (a second open file description) is refused
-            with rundir.hold(run):
-                pass
-    with rundir.hold(run):  # released when the first run ends
-        pass
+            rundir.hold(run).__enter__()
+    with rundir.hold(run) as again:  # released when the first run ends
+        assert again >= 0
 
 
 def test_write_config_keeps_each_different_previous_config(tmp_path):

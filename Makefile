@@ -86,4 +86,4 @@ mutants: setup
 	$(PYTHON) -m pip install -q -r requirements-dev.txt
 	rm -rf mutants
 	OMP_NUM_THREADS=1 $(MUTMUT) run --max-children 2 $(foreach m,$(MUTATE),'$(m)')
-	$(MUTMUT) results --all true | $(PYTHON) scripts/mutmut_table.py $(foreach m,$(MUTATE),'$(m)')
+	$(MUTMUT) results --all true | $(PYTHON) tools/mutmut_table.py $(foreach m,$(MUTATE),'$(m)')

@@ -76,10 +76,11 @@ def train_data(synth, tmp_path_factory) -> Path:
     return out
 
 
-def load_script(name: str):
-    """A scripts/<name>.py as a module, to call its main() in-process (fast error-path tests)."""
+def load_script(name: str, folder: str = "scripts"):
+    """A scripts/<name>.py (or tools/<name>.py) as a module, to call its main() in-process (fast
+    error-path tests)."""
     import importlib.util
-    spec = importlib.util.spec_from_file_location(f"_script_{name}", REPO / "scripts" / f"{name}.py")
+    spec = importlib.util.spec_from_file_location(f"_script_{name}", REPO / folder / f"{name}.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module

@@ -1,4 +1,4 @@
-"""scripts/claims.py: every number of README.md and docs/DESIGN.md has a source, and agrees with it."""
+"""tools/claims.py: every number of README.md and docs/DESIGN.md has a source, and agrees with it."""
 import json
 import os
 import shutil
@@ -6,13 +6,13 @@ import subprocess
 import sys
 from pathlib import Path
 
-from scripts import claims
+from tools import claims
 
 ROOT = Path(__file__).resolve().parent.parent
 
 
 def test_every_number_of_the_docs_has_a_source_that_agrees():
-    r = subprocess.run([sys.executable, "scripts/claims.py", "--quiet"], cwd=ROOT, capture_output=True, text=True,
+    r = subprocess.run([sys.executable, "tools/claims.py", "--quiet"], cwd=ROOT, capture_output=True, text=True,
                        timeout=60)
     assert r.returncode == 0, r.stderr
     assert r.stdout == ""
@@ -46,7 +46,7 @@ def copy_of_the_repository(tmp_path: Path) -> Path:
     root.mkdir()
     shutil.copy(ROOT / "README.md", root / "README.md")
     shutil.copytree(ROOT / "docs", root / "docs", ignore=shutil.ignore_patterns("figures"))
-    for name in ("alexnet", "data", "scripts", "tests", "configs"):
+    for name in ("alexnet", "data", "scripts", "tools", "tests", "configs"):
         os.symlink(ROOT / name, root / name)
     return root
 
@@ -64,7 +64,7 @@ def test_a_wrong_number_in_a_table_row_fails(tmp_path):
     assert claims.check(root)[1] == []
     problems = problems_after(root, "| 256 | 5,526 |", "| 256 | 5,562 |")
     assert any("'5,562' disagrees with docs/benchmarks/read_cpu.json:rows/0/img_per_s = 5526" in p for p in problems)
-    r = subprocess.run([sys.executable, str(ROOT / "scripts/claims.py"), "--quiet", "--root", str(root)],
+    r = subprocess.run([sys.executable, str(ROOT / "tools/claims.py"), "--quiet", "--root", str(root)],
                        capture_output=True, text=True, timeout=60)
     assert r.returncode == 1 and "5,562" in r.stderr
 

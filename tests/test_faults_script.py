@@ -1,4 +1,4 @@
-"""scripts/faults.py: the verdict of each outcome, and a small subset of the table run end to end with a
+"""tools/faults.py: the verdict of each outcome, and a small subset of the table run end to end with a
 planted failing case (the table itself is run by hand; its result is in README.md)."""
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from scripts.faultcheck.core import Case, Skip, judge
-from scripts.faultcheck.preprocess_cases import CASES as PREPROCESS_CASES
+from tools.faultcheck.core import Case, Skip, judge
+from tools.faultcheck.preprocess_cases import CASES as PREPROCESS_CASES
 from tests.conftest import load_script
 
 W = Path("/work/c01")
@@ -48,7 +48,7 @@ def test_the_message_is_the_first_line_of_stderr_else_stdout_or_the_line_asked_f
 
 
 def test_a_subset_of_the_table_with_planted_failures(tmp_path, monkeypatch, capsys):
-    faults = load_script("faults")
+    faults = load_script("faults", "tools")
     real = next(c for c in PREPROCESS_CASES if c.name == "preprocess-out-is-a-file")
     planted = [
         Case("planted-wrong-exit", "traceback", "as above, but expecting exit 1 and another name", 1,
@@ -84,7 +84,7 @@ def test_the_tools_get_the_default_ctrl_c_when_started_in_the_background(tmp_pat
     """A shell starts `faults.py &` with SIGINT ignored, and exec keeps an ignored signal ignored: its Ctrl-C
     cases would judge that (exit 0 or a hang) instead of the tools."""
     import signal
-    faults = load_script("faults")
+    faults = load_script("faults", "tools")
     probe = Case("sigint-default", "traceback", "the child's SIGINT disposition", 0, (), lambda work: [
         "-c", "import signal, sys; sys.exit(0 if signal.getsignal(signal.SIGINT) is signal.default_int_handler "
               "else 3)"])

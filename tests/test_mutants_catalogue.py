@@ -1,5 +1,5 @@
-"""scripts/mutants/catalogue.yaml stays in step with the tree: well-formed, every `old` snippet found exactly
-once, every named test defined (no replay here: scripts/mutants.py does that)."""
+"""tools/mutants/catalogue.yaml stays in step with the tree: well-formed, every `old` snippet found exactly
+once, every named test defined (no replay here: tools/mutants.py does that)."""
 from __future__ import annotations
 
 import sys
@@ -8,7 +8,7 @@ import pytest
 
 from tests.conftest import REPO
 
-sys.path.insert(0, str(REPO / "scripts"))
+sys.path.insert(0, str(REPO / "tools"))
 from mutants import catalogue  # noqa: E402
 
 

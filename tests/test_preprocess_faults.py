@@ -20,7 +20,7 @@ from data.distributions import write_train_tar
 from data.preprocess import exclusive
 from data.preprocess_cli import main
 from data.synthetic import generate, wnid
-from scripts.faultcheck.preprocess_cases import png_declaring
+from tools.faultcheck.preprocess_cases import png_declaring
 from tests.conftest import run_script
 from tests.test_preprocess import same_batches
 

@@ -1,4 +1,4 @@
-"""Faults of scripts/convert_weights.py and scripts/predict.py (scripts/faults.py's convert-* and predict-*
+"""Faults of scripts/convert_weights.py and scripts/predict.py (tools/faults.py's convert-* and predict-*
 cases): one line naming what is at fault, exit 2 for bad input, 130 for Ctrl-C, and no output written."""
 from __future__ import annotations
 

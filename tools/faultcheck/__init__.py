@@ -1,4 +1,4 @@
-"""The fault-injection table of scripts/faults.py (issue 19).
+"""The fault-injection table of tools/faults.py (issue 19).
 
 - ``core``: a case (its setup, the exit code and the names its message must hold, a check of what it
   left behind), the shared inputs made once (``Ctx``), running one case, and the verdict;

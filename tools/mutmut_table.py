@@ -1,6 +1,6 @@
 """The per-module table of a mutmut run (`make mutants`), then every mutant that was not killed.
 
-    mutmut results --all true | python scripts/mutmut_table.py 'alexnet.optim.*' ...
+    mutmut results --all true | python tools/mutmut_table.py 'alexnet.optim.*' ...
 
 Only the mutants whose names match one of the patterns (fnmatch, as `mutmut run` takes them) count.
 Score: killed / (mutants - equivalent), the equivalent ones being those docs/MUTANTS.md lists as

@@ -2,5 +2,5 @@
 
 `catalogue.yaml` lists them; `catalogue.py` reads and checks it and applies a mutant to a text;
 `replay.py` copies the tree, applies one mutant per copy, runs its tests and gives the verdicts.
-The entry is scripts/mutants.py.
+The entry is tools/mutants.py.
 """

@@ -1,17 +1,17 @@
 #!/usr/bin/env python3
 """Replay a table of faults and bad inputs against the tools and judge how each one ends.
 
-    python scripts/faults.py --md faults.md --json faults.json     # every case (~5 minutes on 2 cores)
-    python scripts/faults.py --only preprocess --jobs 2             # the cases whose name matches
-    python scripts/faults.py --list                                 # the cases, without running them
+    python tools/faults.py --md faults.md --json faults.json     # every case (~5 minutes on 2 cores)
+    python tools/faults.py --only preprocess --jobs 2             # the cases whose name matches
+    python tools/faults.py --list                                 # the cases, without running them
 
-Each case (scripts/faultcheck/: preprocess.py, train.py, evaluate.py, convert_weights.py, predict.py)
+Each case (tools/faultcheck/: preprocess.py, train.py, evaluate.py, convert_weights.py, predict.py)
 damages a copy of small synthetic inputs (4 classes, 72-pixel images, crop 67, model.width 0.125; made
 once with scripts/make_synthetic.py and scripts/preprocess.py), runs one command and prints one row:
 case, exit code, first line of the message (stderr, else stdout), verdict. OK: the expected exit code
 (2 bad input or path, 1 a failure of the machine, 130 Ctrl-C, 0 good input), a message naming the
 file, key or value at fault, no traceback, and nothing wrong left behind; else WEAK or DEFECT with the
-reason (see scripts/faultcheck/core.py); SKIP where a case cannot run here (a tmpfs needs root).
+reason (see tools/faultcheck/core.py); SKIP where a case cannot run here (a tmpfs needs root).
 Exit code: 0 when no case is WEAK or DEFECT, 1 otherwise.
 """
 from __future__ import annotations
@@ -29,8 +29,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from scripts.faultcheck import preprocess_cases, report, tool_cases, train_cases  # noqa: E402
-from scripts.faultcheck.core import Case, Ctx, run_case  # noqa: E402
+from tools.faultcheck import preprocess_cases, report, tool_cases, train_cases  # noqa: E402
+from tools.faultcheck.core import Case, Ctx, run_case  # noqa: E402
 
 CASES: list[Case] = [*preprocess_cases.CASES, *train_cases.CASES, *tool_cases.CASES]
 
@@ -65,7 +65,7 @@ def main(argv: list[str] | None = None) -> int:
         # started in the background (`&`, nohup): the tools it runs would inherit SIGINT ignored, and the
         # Ctrl-C cases would judge that instead of the tools; a handled signal is reset to default on exec
         signal.signal(signal.SIGINT, signal.default_int_handler)
-    command = "python scripts/faults.py " + shlex.join(sys.argv[1:] if argv is None else argv)
+    command = "python tools/faults.py " + shlex.join(sys.argv[1:] if argv is None else argv)
     date = time.strftime("%Y-%m-%d")
     root = Path(args.work) if args.work else Path(tempfile.mkdtemp(prefix="faults-"))
     root.mkdir(parents=True, exist_ok=True)

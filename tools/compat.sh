@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # Run the tests on another Python / torch pair, in a virtual environment of its own (README.md,
 # "Tested versions"). Usage, from anywhere:
-#   scripts/compat.sh PYTHON TORCH_VERSION VENV_DIR [--full | PYTEST_ARGS...]
-#   scripts/compat.sh /usr/bin/python3.10 2.4.1 /tmp/venv-py310-torch24          # the unit subset
-#   scripts/compat.sh /usr/bin/python3.10 2.4.1 /tmp/venv-py310-torch24 --full   # the whole suite
+#   tools/compat.sh PYTHON TORCH_VERSION VENV_DIR [--full | PYTEST_ARGS...]
+#   tools/compat.sh /usr/bin/python3.10 2.4.1 /tmp/venv-py310-torch24          # the unit subset
+#   tools/compat.sh /usr/bin/python3.10 2.4.1 /tmp/venv-py310-torch24 --full   # the whole suite
 # Creates VENV_DIR with PYTHON if it does not exist, installs torch==TORCH_VERSION and the other pins of
 # requirements.txt; a pin with no release for that Python (numpy 2.4 and scipy 1.17 need Python >= 3.11)
 # is replaced by the newest release at or below it that installs, and said so. Then prints the versions

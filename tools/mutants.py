@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
-"""Replay the hand-made mutants of the process-level paths (scripts/mutants/catalogue.yaml).
+"""Replay the hand-made mutants of the process-level paths (tools/mutants/catalogue.yaml).
 
-    python scripts/mutants.py [--only ID ...] [--list] [-j N] [--timeout S] [--no-check-clean]
+    python tools/mutants.py [--only ID ...] [--list] [-j N] [--timeout S] [--no-check-clean]
 
 Each mutant is applied to its own copy of the tree (git's tracked and unignored files) and its tests
 run there; the table says killed, survived or stale per mutant. First, the tests are run once on an

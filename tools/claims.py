@@ -20,8 +20,8 @@ column), its key or expr; a `table` entry (`at` on the header) covers every row 
 fails (exit 1) on: a number with a unit (times, %, ratios, MB/s, img/s, ...) or a numeric table cell
 that no entry covers; an anchor or number not found; a missing artifact; a value that disagrees.
 
-    python scripts/claims.py            # the list: every number, its line and its source; problems last
-    python scripts/claims.py --quiet    # the problems only
+    python tools/claims.py            # the list: every number, its line and its source; problems last
+    python tools/claims.py --quiet    # the problems only
 """
 from __future__ import annotations
 

@@ -19,9 +19,10 @@ from pathlib import Path
 import pytest
 
 import data.archives as archives
-from data.distributions import synthetic_tree, write_formats, write_val_tar
+from data.distributions import write_formats, write_val_tar
 from data.preprocess import Options, preprocess
 from data.procs import child_pids
+from data.synthetic import synthetic_tree
 from tests.conftest import REPO, run_script
 from tests.test_preprocess import cli, cmdline, same_batches, same_output, start_slow, wait_for_files
 
@@ -248,7 +249,7 @@ def test_make_synthetic_formats_cli(tmp_path):
 
 
 def test_benchmark_routes_table(synth, tmp_path):
-    """benchmark.py preprocess --routes: one row per route with its rates (the numbers are the README's)."""
+    """benchmark.py preprocess --routes: one row per route with its rates (the numbers are docs/preprocessing.md's)."""
     sys.path.insert(0, str(REPO / "scripts"))
     from bench.preprocess_routes import route_rows
     rows = route_rows({"synthetic": synth[0] / "train"}, tmp_path, repeat=1)

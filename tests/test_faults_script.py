@@ -1,5 +1,5 @@
 """tools/faults.py: the verdict of each outcome, and a small subset of the table run end to end with a
-planted failing case (the table itself is run by hand; its result is in README.md)."""
+planted failing case (the table itself is run by hand; its result is in docs/reliability.md)."""
 from __future__ import annotations
 
 import json
@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
+from tests.conftest import load_script
 from tools.faultcheck.core import Case, Skip, judge
 from tools.faultcheck.preprocess_cases import CASES as PREPROCESS_CASES
-from tests.conftest import load_script
 
 W = Path("/work/c01")
 

@@ -20,9 +20,9 @@ from data.distributions import write_train_tar
 from data.preprocess import exclusive
 from data.preprocess_cli import main
 from data.synthetic import generate, wnid
-from tools.faultcheck.preprocess_cases import png_declaring
 from tests.conftest import run_script
 from tests.test_preprocess import same_batches
+from tools.faultcheck.preprocess_cases import png_declaring
 
 SIZE = ["--size", "16", "--per-file", "8", "--workers", "1", "--quiet"]
 

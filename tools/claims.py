@@ -1,4 +1,6 @@
-"""Every number in README.md and docs/DESIGN.md, and the file it comes from (issue 20).
+"""Every number in README.md, the docs/ task pages and docs/DESIGN.md, and the file it comes from (issue 20).
+
+The documents checked are `DOCS` (the README, the task pages of issue 25, the design page).
 
 `docs/claims.yaml` maps each number a reader relies on to its source. Each entry anchors on a piece of
 text (`at`, found exactly once in its document) and names the numbers it covers, written as in the
@@ -36,6 +38,9 @@ from pathlib import Path
 import yaml
 
 ROOT = Path(__file__).resolve().parent.parent
+DOCS = ("README.md", "docs/install.md", "docs/preprocessing.md", "docs/training.md", "docs/parallelism.md",
+        "docs/evaluation.md", "docs/reliability.md", "docs/benchmarks.md", "docs/gpu.md", "docs/testing.md",
+        "docs/DESIGN.md")  # the documents whose numbers must each have a source (docs/claims.yaml's keys)
 WINDOW = 400  # characters after an anchor in which its numbers are looked for
 APPROXIMATE = 0.05  # a value written "~x" may differ from its source by this much (relative)
 
@@ -264,7 +269,7 @@ def describe(entry: dict, spec=None) -> str:
 
 
 def check(root: Path = ROOT, claims_file: Path | None = None,
-          docs: tuple[str, ...] = ("README.md", "docs/DESIGN.md")) -> tuple[list[Number], list[str]]:
+          docs: tuple[str, ...] = DOCS) -> tuple[list[Number], list[str]]:
     """Every number of `docs` with its source, and the problems found."""
     claims = yaml.safe_load((claims_file or root / "docs" / "claims.yaml").read_text())
     texts = {doc: (root / doc).read_text(encoding="utf-8") for doc in docs}
@@ -274,9 +279,9 @@ def check(root: Path = ROOT, claims_file: Path | None = None,
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description="List every number of README.md and docs/DESIGN.md with its "
-                                                 "source (docs/claims.yaml); exit 1 if one is unmapped or "
-                                                 "disagrees with its artifact.")
+    parser = argparse.ArgumentParser(description="List every number of README.md, the docs/ task pages and "
+                                                 "docs/DESIGN.md with its source (docs/claims.yaml); exit 1 if "
+                                                 "one is unmapped or disagrees with its artifact.")
     parser.add_argument("--root", type=Path, default=ROOT, help="repository root (default: this checkout)")
     parser.add_argument("--claims", type=Path, default=None, help="the map (default: ROOT/docs/claims.yaml)")
     parser.add_argument("--quiet", action="store_true", help="print the problems only")

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Run the tests on another Python / torch pair, in a virtual environment of its own (README.md,
+# Run the tests on another Python / torch pair, in a virtual environment of its own (docs/testing.md,
 # "Tested versions"). Usage, from anywhere:
 #   tools/compat.sh PYTHON TORCH_VERSION VENV_DIR [--full | PYTEST_ARGS...]
 #   tools/compat.sh /usr/bin/python3.10 2.4.1 /tmp/venv-py310-torch24          # the unit subset

@@ -8,6 +8,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from .devkit import devkit_words
 from .layouts import DataError
 
 
@@ -37,7 +38,6 @@ def read_class_names(path: str | os.PathLike) -> dict[str, str]:
         raise DataError(f"class names file {p} does not exist")
     name = p.name.lower()
     if p.is_dir() or name.endswith((".mat", ".tar.gz", ".tgz")):
-        from .devkit import devkit_words
         return devkit_words(p)
     return read_synset_mapping(p)
 

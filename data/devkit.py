@@ -8,16 +8,15 @@ ILSVRC2012_ID, which is NOT the sorted-wnid order that training and every releas
 ID is mapped to its WNID here, and :mod:`data.layouts` maps the WNID to its sorted position.
 
 ``--val-labels`` takes the devkit archive, its extracted folder, or ``meta.mat`` and the ground-truth
-file (either order). scipy reads meta.mat (imported only here).
+file (either order); :mod:`data.val_labels` picks this route. scipy reads meta.mat (imported only here).
 """
 from __future__ import annotations
 
 import io
-import os
 import tarfile
 from pathlib import Path
 
-from .layouts import DataError, ValLabels, read_label_file
+from .layouts import DataError, ValLabels
 
 META = "meta.mat"
 GROUND_TRUTH = "ILSVRC2012_validation_ground_truth.txt"
@@ -113,20 +112,3 @@ def devkit_words(path: Path) -> dict[str, str]:
     if META not in files:
         raise DataError(f"{path} holds no {META} (expected the ILSVRC2012 devkit)")
     return read_meta(*files[META])[1]
-
-
-def read_val_labels(spec: list[str | os.PathLike], classes: list[str]) -> ValLabels:
-    """--val-labels: a Kaggle CSV, a Caffe val.txt, the devkit archive or folder, or meta.mat + ground truth."""
-    paths = [Path(p) for p in spec]
-    if not 1 <= len(paths) <= 2:
-        raise DataError(f"--val-labels takes one label file or devkit, or meta.mat and the ground truth; got "
-                        f"{len(paths)} paths")
-    first = paths[0]
-    if len(paths) == 2 or first.is_dir() or first.name.lower().endswith((".tar.gz", ".tgz", ".tar")):
-        if not all(p.exists() for p in paths):
-            raise DataError(f"label file {next(p for p in paths if not p.exists())} does not exist")
-        return devkit_labels(paths)
-    if first.suffix.lower() == ".mat":
-        raise DataError(f"{first}: meta.mat alone gives no labels; pass the ground truth too: "
-                        f"--val-labels {first} {GROUND_TRUTH}")
-    return read_label_file(first, classes)

@@ -169,21 +169,3 @@ def write_formats(tree: Tree, out: Path, seed: int = 0, shards: int = 2) -> dict
             "val_tar": write_val_tar(tree.val, out / "ILSVRC2012_img_val.tar", seed),
             "devkit": devkit, "devkit_ids": ids, "hf_train": hf_train, "hf_val": hf_val,
             "synset_mapping": write_synset_mapping(tree.words, out / "LOC_synset_mapping.txt")}
-
-
-def synthetic_tree(root: Path) -> Tree:
-    """The Tree of a data.synthetic output (flat val): labels from its LOC_val_solution.csv, made-up words."""
-    import json
-
-    from .synthetic import class_style
-    manifest = json.loads((root / "manifest.json").read_text())
-    labels = {}
-    for line in (root / "LOC_val_solution.csv").read_text().splitlines()[1:]:
-        stem, rest = line.split(",", 1)
-        labels[stem] = rest.split()[0]
-    val_files = {os.path.splitext(f)[0]: f for f in _files(root / "val")}
-    words = {}
-    for c, wnid in enumerate(manifest["classes"]):
-        shape, hue, texture = class_style(c)
-        words[wnid] = f"{texture} {shape}, hue {hue:.2f}"
-    return Tree(root / "train", root / "val", {val_files[s]: w for s, w in labels.items()}, words)

@@ -20,7 +20,10 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="preprocess.py", description="Preprocess ImageNet (folders or the archives as downloaded) into "
         "batch files, a mean image, meta.json and report.json.",
-        epilog="Re-run the same command to resume an interrupted run. See README.md for ImageNet.")
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog="Re-run the same command to resume an interrupted run. See docs/preprocessing.md for ImageNet.\n\n"
+        "example: python scripts/preprocess.py --train-dir ILSVRC2012_img_train.tar --val-dir ILSVRC2012_img_val.tar "
+        "--val-labels ILSVRC2012_devkit_t12.tar.gz --out imagenet256")
     p.add_argument("--train-dir", required=True, nargs="+", metavar="TRAIN",
                    help="ILSVRC2012 train: a <wnid>/<image> folder, ILSVRC2012_img_train.tar (read in place), "
                         "or Hugging Face train_images_*.tar.gz shards")

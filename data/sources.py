@@ -17,7 +17,6 @@ import numpy as np
 
 from .archives import ArchiveError, ShardMember, SourceIndex, TarMember, archive_kind
 from .classnames import names_for, read_class_names
-from .devkit import read_val_labels
 from .layouts import (
     DataError,
     Entry,
@@ -31,6 +30,7 @@ from .layouts import (
     printable,
     val_split,
 )
+from .val_labels import read_val_labels
 
 _HF_NAME = re.compile(r"^(?P<stem>.+)_(?P<wnid>n\d+)(?P<ext>\.[A-Za-z]+)$")
 

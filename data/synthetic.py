@@ -14,6 +14,8 @@ from typing import NamedTuple
 import numpy as np
 from PIL import Image, ImageDraw
 
+from .distributions import Tree, write_formats
+
 VERSION = 1
 JPEG_QUALITY = 90
 SHAPES = ("disc", "square", "triangle", "cross", "ring", "star", "diamond", "bars")
@@ -292,9 +294,26 @@ def generate(out: str | os.PathLike, num_classes: int = 10, train_per_class: int
     return manifest
 
 
+def synthetic_tree(root: Path) -> Tree:
+    """The Tree of a generated tree (flat val; data.distributions writes its distribution forms): labels
+    from its LOC_val_solution.csv, words made up from each class's style."""
+    manifest = json.loads((root / "manifest.json").read_text())
+    labels = {}
+    for line in (root / KAGGLE_FILE).read_text().splitlines()[1:]:
+        stem, rest = line.split(",", 1)
+        labels[stem] = rest.split()[0]
+    val_files = {p.stem: p.name for p in (root / "val").iterdir() if p.is_file()}
+    words = {}
+    for c, name in enumerate(manifest["classes"]):
+        shape, hue, texture = class_style(c)
+        words[name] = f"{texture} {shape}, hue {hue:.2f}"
+    return Tree(root / "train", root / "val", {val_files[s]: w for s, w in labels.items()}, words)
+
+
 def main(argv: list[str] | None = None) -> int:
     """CLI: write a synthetic tree and print where everything is."""
-    p = argparse.ArgumentParser(description=__doc__)
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter,
+                                epilog="example: python scripts/make_synthetic.py --out demo_src --formats")
     p.add_argument("--out", required=True, help="output directory (new, empty, or an earlier synthetic tree)")
     p.add_argument("--classes", type=int, default=10)
     p.add_argument("--train-per-class", type=int, default=60)
@@ -317,7 +336,6 @@ def main(argv: list[str] | None = None) -> int:
         print(f"  {name} val labels: {os.path.join(a.out, rel)}")
     print(f"  manifest: {os.path.join(a.out, 'manifest.json')}")
     if a.formats:
-        from .distributions import synthetic_tree, write_formats
         written = write_formats(synthetic_tree(Path(a.out)), Path(a.out) / "formats", a.seed)
         for name in ("train_tar", "val_tar", "devkit", "hf_train", "hf_val", "synset_mapping"):
             paths = written[name] if isinstance(written[name], list) else [written[name]]

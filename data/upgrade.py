@@ -153,7 +153,9 @@ def _version_or_old(path: Path) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="upgrade_data.py", description=__doc__.splitlines()[0],
-                                epilog="Re-run the same command to resume an interrupted run.")
+                                formatter_class=argparse.RawDescriptionHelpFormatter,
+                                epilog="Re-run the same command to resume an interrupted run.\n\n"
+                                       "example: python scripts/upgrade_data.py imagenet256")
     p.add_argument("root", help="a folder written by scripts/preprocess.py")
     p.add_argument("--workers", type=int, default=None,
                    help="processes converting files in parallel (default: all cores)")

@@ -29,7 +29,11 @@ BENCHMARKS = (preprocess, train, loading, read, exchange, checkpoint, parallel) 
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter,
+                                epilog="Each subcommand's --help lists its options; every one takes --json FILE "
+                                       "(the results as JSON too).\n\n"
+                                       "example: python scripts/benchmark.py train --json train.json")
     sub = p.add_subparsers(dest="what", required=True)
     for bench in BENCHMARKS:
         bench.add_parser(sub).add_argument("--json", help="also write the results to this JSON file")

@@ -52,11 +52,14 @@ from alexnet.weights.convert import caffe_checkpoint, theano_checkpoint, to_thea
 from alexnet.weights.theano import read_theano, write_theano  # noqa: E402
 from alexnet.weights.theano_layout import THEANO_CONVS  # noqa: E402
 
+# --help's last line
+EXAMPLE = "python scripts/convert_weights.py bvlc_alexnet.caffemodel bvlc_alexnet.pt"
+
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter,
-                                epilog="\n".join(__doc__.splitlines()[2:]))
+                                epilog="\n".join(__doc__.splitlines()[2:]) + f"\n\nexample: {EXAMPLE}")
     p.add_argument("src", help="a Theano weights folder, a BVLC .caffemodel, or our .pt checkpoint / weights / "
                    "caffenet state_dict")
     p.add_argument("dst", help="the .pt file to write (from a folder), or the Theano folder to write into")

@@ -45,11 +45,14 @@ from alexnet.weights.theano_layout import THEANO_CONVS  # noqa: E402
 from data.batchfile import atomic_write_json  # noqa: E402
 from data.fsutil import check_writable  # noqa: E402
 
+# --help's last line
+EXAMPLE = "python scripts/evaluate.py --data imagenet256 --weights runs/alexnet_1gpu/checkpoints/best.pt --crops 10"
+
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter,
-                                epilog="\n".join(__doc__.splitlines()[2:]))
+                                epilog="\n".join(__doc__.splitlines()[2:]) + f"\n\nexample: {EXAMPLE}")
     p.add_argument("--data", required=True, help="a scripts/preprocess.py output folder")
     p.add_argument("--weights", required=True, help="checkpoint (.pt), state_dict file, a Theano weights folder, or a "
                    "BVLC .caffemodel")

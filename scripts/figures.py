@@ -34,11 +34,14 @@ from alexnet.figures.make import FIGURES, FigureOptions, make_figures  # noqa: E
 from alexnet.models import ARCHS  # noqa: E402
 from alexnet.weights.theano_layout import THEANO_CONVS  # noqa: E402
 
+# --help's last line
+EXAMPLE = "python scripts/figures.py --weights demo/run/checkpoints/best.pt --data demo/data --out demo/run/figures"
+
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter,
-                                epilog="\n".join(__doc__.splitlines()[2:]))
+                                epilog="\n".join(__doc__.splitlines()[2:]) + f"\n\nexample: {EXAMPLE}")
     p.add_argument("--weights", required=True, help="checkpoint (.pt), state_dict file, a Theano weights folder, or a "
                    "BVLC .caffemodel")
     p.add_argument("--data", required=True, help="a scripts/preprocess.py output folder (val and train splits)")

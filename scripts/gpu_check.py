@@ -44,6 +44,8 @@ the reason or result; then the benchmark figures), gpu_check.json (the same, wit
 environment), logs/<step>.log (what the step ran) and logs/<step>/<command>.log (each command's
 output). Exit codes: 0 nothing failed (skips are fine), 1 a step failed, 2 bad arguments (e.g. no
 CUDA without --device cpu), 130 interrupted.
+
+example: python scripts/gpu_check.py --out gpu_check --budget 540
 """
 import time
 

@@ -28,7 +28,9 @@ class PlotError(ValueError):
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter,
+                                epilog="example: python scripts/plot.py runs/1gpu runs/2gpu --out compare.png")
     p.add_argument("runs", nargs="+", metavar="RUN_DIR", help="run directories (run.dir of train.py)")
     p.add_argument("--out", help="output image (default: <first RUN_DIR>/learning_curve.png)")
     return p.parse_args(argv)

@@ -40,11 +40,14 @@ from data.classnames import read_class_names  # noqa: E402
 from data.decode import RESIZE_MODES, load_image  # noqa: E402
 from data.fsutil import check_writable  # noqa: E402
 
+# --help's last line
+EXAMPLE = "python scripts/predict.py runs/alexnet_1gpu/checkpoints/best.pt photo.jpg --data imagenet256"
+
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = OneLineParser(description=__doc__.splitlines()[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter,
-                                epilog="\n".join(__doc__.splitlines()[2:]))
+                                epilog="\n".join(__doc__.splitlines()[2:]) + f"\n\nexample: {EXAMPLE}")
     p.add_argument("weights", help="checkpoint (.pt), state_dict file, or a Theano weights folder")
     p.add_argument("images", nargs="+", help="JPEG/PNG files")
     p.add_argument("--data", help="the scripts/preprocess.py folder the weights were trained on: image size, resize "

@@ -4,7 +4,7 @@
     python scripts/preprocess.py --train-dir ILSVRC2012/train --val-dir ILSVRC2012/val \\
         --val-labels LOC_val_solution.csv --out imagenet256
 
-Re-running the same command resumes an interrupted run. See README.md.
+Re-running the same command resumes an interrupted run. See docs/preprocessing.md.
 """
 import sys
 from pathlib import Path

@@ -28,11 +28,14 @@ from alexnet.evaluation import prepare  # noqa: E402
 from alexnet.figures.make import FigureOptions  # noqa: E402
 from alexnet.figures.report import data_root, read_run, write_report  # noqa: E402
 
+# --help's last line
+EXAMPLE = "python scripts/report.py runs/alexnet_1gpu --data imagenet256"
+
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter,
-                                epilog="\n".join(__doc__.splitlines()[2:]))
+                                epilog="\n".join(__doc__.splitlines()[2:]) + f"\n\nexample: {EXAMPLE}")
     p.add_argument("run", metavar="RUN_DIR", help="a run directory of train.py (run.dir)")
     p.add_argument("--data", help="the preprocessed data folder (default: the run config's data.root)")
     p.add_argument("--out", help="the page (default RUN_DIR/report.html)")

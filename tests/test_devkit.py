@@ -11,8 +11,9 @@ import numpy as np
 import pytest
 
 from data.classnames import read_class_names
-from data.distributions import Tree, synthetic_tree, write_formats, write_synset_mapping
+from data.distributions import Tree, write_formats, write_synset_mapping
 from data.preprocess import Options, preprocess
+from data.synthetic import synthetic_tree
 from tests.conftest import REPO
 from tests.test_preprocess import cli, concat, same_batches
 

@@ -13,8 +13,9 @@ import torch
 from alexnet.models import build_model
 from data.classnames import read_synset_mapping
 from data.decode import load_image
-from data.distributions import synthetic_tree, write_synset_mapping
+from data.distributions import write_synset_mapping
 from data.preprocess import Options, preprocess
+from data.synthetic import synthetic_tree
 from tests.conftest import run_script
 
 TV_MEAN, TV_STD = np.array([0.485, 0.456, 0.406]), np.array([0.229, 0.224, 0.225])

@@ -7,8 +7,9 @@ import sys
 import time
 from pathlib import Path
 
+from .budget import Budget
 from .report import environment
-from .runner import RESERVE, Budget, run_all, step_main
+from .runner import RESERVE, run_all, step_main
 from .table import BUDGETS, BY_NAME, SEQUENCES
 
 INJECT_MODES = ("fail", "hang", "slow")

@@ -11,13 +11,10 @@ import sys
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from .benchmarks import bench_section, md_cell
+from .budget import Budget
 from .commands import REPO
-
-if TYPE_CHECKING:
-    from .runner import Budget
 
 
 @dataclass

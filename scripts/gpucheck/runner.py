@@ -11,9 +11,9 @@ import sys
 import time
 import traceback
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 
+from .budget import Budget
 from .commands import REPO, clean_env, kill_tree, last_line, tail
 from .context import Ctx, StepFailed, StepTimedOut
 from .report import Result, write_reports
@@ -26,23 +26,6 @@ HANG_TIMEOUT = 8.0      # the own time limit of a step given --inject-failure ST
 # The end of the budget kept for the clean-up after the last step (removing work/: GBs of checkpoints
 # on a GPU, a few MB on the CPU twin) and the last report.
 RESERVE = {"cuda": 10.0, "cpu": 2.0}
-
-
-@dataclass
-class Budget:
-    """The run's seconds, counted from the process's start (the entry script's first line), less a
-    reserve for the clean-up."""
-
-    total: float
-    start: float                # time.monotonic() at the process's start
-    reserve: float = 0.0
-
-    def spent(self) -> float:
-        return time.monotonic() - self.start
-
-    def left(self) -> float:
-        """Seconds the steps may still use."""
-        return self.total - self.reserve - self.spent()
 
 
 # -- in the step's own process -------------------------------------------------------------------------

@@ -1,0 +1,81 @@
+"""Every user script's --help (each .py file directly in scripts/, and train.py) ends with one example command.
+
+The last non-empty line of the help is `example: python <the script> ...`, and every --flag it uses is one
+the help lists. The scripts are found by listing the folder, so a new script without an example fails
+here; all of them run in one subprocess (each imports torch: one import instead of twelve).
+"""
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+
+from tests.conftest import REPO
+
+# Runs each script given as `--help` in this one process (runpy, as `python SCRIPT --help` would), and
+# writes {script: {"code": exit code, "help": stdout}} to the file named first.
+DRIVER = r"""
+import contextlib, io, json, runpy, sys
+out, scripts, results = sys.argv[1], sys.argv[2:], {}
+for script in scripts:
+    buf, code, path = io.StringIO(), 0, list(sys.path)
+    sys.argv = [script, "--help"]
+    with contextlib.redirect_stdout(buf):
+        try:
+            runpy.run_path(script, run_name="__main__")
+        except SystemExit as e:
+            code = e.code or 0
+    sys.path[:] = path
+    results[script] = {"code": code, "help": buf.getvalue()}
+with open(out, "w") as f:
+    json.dump(results, f)
+"""
+
+FLAG = re.compile(r"(?<![\w-])--[A-Za-z][\w-]*")
+
+
+def user_scripts() -> list[str]:
+    """The user scripts, as `python <this>` names them from the repository root."""
+    return [p.relative_to(REPO).as_posix() for p in sorted((REPO / "scripts").glob("*.py"))] + ["train.py"]
+
+
+def help_problems(script: str, text: str) -> list[str]:
+    """What is wrong with `script`'s --help output `text` (empty: it ends with a working example)."""
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    if not lines:
+        return [f"{script}: --help printed nothing"]
+    command = lines[-1].removeprefix("example:").strip()
+    words = command.split()
+    if words[:1] != ["python"] or words[1:2] != [script]:
+        return [f"{script}: the last line of --help is not an example `python {script} ...`: {lines[-1]!r}"]
+    rest = "\n".join(lines[:-1])
+    return [f"{script}: the example's {flag} is not an option of the script"
+            for flag in FLAG.findall(command) if not re.search(rf"(?<![\w-]){re.escape(flag)}(?![\w-])", rest)]
+
+
+def test_every_user_script_help_ends_with_an_example(tmp_path):
+    scripts = user_scripts()
+    assert {"scripts/preprocess.py", "scripts/evaluate.py", "scripts/gpu_check.py", "train.py"} <= set(scripts)
+    out = tmp_path / "help.json"
+    r = subprocess.run([sys.executable, "-c", DRIVER, str(out), *scripts], cwd=REPO, capture_output=True,
+                       text=True, timeout=120, env={**os.environ, "COLUMNS": "100"})
+    assert r.returncode == 0, r.stderr[-3000:]
+    results = json.loads(out.read_text())
+    bad = [f"{s}: --help exited {results[s]['code']}" for s in scripts if results[s]["code"] != 0]
+    bad += [problem for s in scripts for problem in help_problems(s, results[s]["help"])]
+    assert not bad, "\n".join(bad)
+
+
+def test_the_check_sees_a_missing_example_and_a_flag_the_script_lacks():
+    text = "usage: x.py [-h] --data DATA\n\noptions:\n  --data DATA  the data\n\nExit codes: 0 done.\n"
+    assert help_problems("scripts/x.py", text) == [
+        "scripts/x.py: the last line of --help is not an example `python scripts/x.py ...`: 'Exit codes: 0 done.'"]
+    assert help_problems("scripts/x.py", text + "\nexample: python scripts/y.py --data d\n") == [
+        "scripts/x.py: the last line of --help is not an example `python scripts/x.py ...`: "
+        "'example: python scripts/y.py --data d'"]
+    assert help_problems("scripts/x.py", text + "\nexample: python scripts/x.py --data d --crops 10\n") == [
+        "scripts/x.py: the example's --crops is not an option of the script"]
+    assert help_problems("scripts/x.py", text + "\nexample: python scripts/x.py --data d\n") == []
+    assert help_problems("scripts/x.py", "") == ["scripts/x.py: --help printed nothing"]

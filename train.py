@@ -26,7 +26,7 @@ import sys
 
 from alexnet.checkpoint import CheckpointError
 from alexnet.config import Config, ConfigError, load_config, summary
-from alexnet.distributed import print0, setup, teardown
+from alexnet.distributed import StartError, print0, setup, teardown
 from alexnet.launch import launch_local, report_gave_up
 from alexnet.preflight import check_run
 from alexnet.rundir import ENV_LOCK_FD, hold, lock_holder_here
@@ -39,7 +39,9 @@ from data.slot_loader import LoaderError
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0],
-                                epilog="Overrides: section.key=value, e.g. train.epochs=10 data.root=DIR")
+                                formatter_class=argparse.RawDescriptionHelpFormatter,
+                                epilog="Overrides: section.key=value, e.g. train.epochs=10 data.root=DIR\n\n"
+                                       "example: python train.py configs/alexnet_1gpu.yaml data.root=imagenet256")
     p.add_argument("config", help="YAML config (see configs/); states only what differs from the defaults")
     p.add_argument("overrides", nargs="*", default=[], help="optional dotted overrides, e.g. train.lr=0.02")
     return p.parse_args(argv)
@@ -70,6 +72,10 @@ def run_replica(cfg: Config, config_path: str) -> int:
     except (ConfigError, DataError, BatchFileError) as e:
         print(f"train.py: error: {e}", file=sys.stderr)
         return 2
+    except StartError as e:  # could not join the other processes: a peer died or never came
+        report_gave_up(int(os.environ.get("RANK", 0)))
+        print(f"train.py: error: {e}", file=sys.stderr)
+        return 1
     except (NonFiniteLoss, LoaderError, CheckpointError) as e:
         print(f"train.py: error: {e}", file=sys.stderr)
         return os_error_exit_code(e.__cause__) if isinstance(e.__cause__, OSError) else 1

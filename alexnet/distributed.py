@@ -6,9 +6,14 @@ train.py itself for the replicas of one host (alexnet/launch.py). Without them: 
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import secrets
 import socket
+import sys
+import threading
+import time
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
@@ -47,6 +52,7 @@ class DistInfo:
     model_size: int = 1       # M: processes holding one model between them (rank = data rank x M + model rank)
     model_peers: Peers | None = None  # this process's model group (M > 1)
     data_peers: Peers | None = None   # the processes holding the same part of the model: they average
+    store: Any = None         # this attempt's own namespace of the rendezvous store (attempt_store)
 
     @property
     def model_rank(self) -> int:
@@ -171,12 +177,71 @@ def resolve_transport(p: ParallelConfig, placement: Placement) -> str:
     return t
 
 
+class StartError(RuntimeError):
+    """This process could not join the others (a peer that never came, a rendezvous that failed)."""
+
+
+_HELLO, _ACK = "alexnet/hello", "alexnet/ack"
+
+
+def attempt_store(store, rank: int, world: int, timeout: float):
+    """A namespace of `store` that only the processes of this attempt use.
+
+    torchrun's c10d rendezvous hands every attempt (restart) of a job the same store, shared with the
+    attempts before it, and its restart counter is per agent (an agent whose own workers did not fail
+    restarts them without counting), so neither the store nor TORCHELASTIC_RESTART_COUNT tells attempts
+    apart. Keys an earlier attempt left (gloo's listening addresses of killed workers, placement) would
+    then be read as this attempt's: connections refused or hung. So rank 0 draws a fresh token and hands
+    it to each rank in answer to a nonce that rank drew itself: a rank waits only for a key named after
+    its own nonce, rank 0 only for keys under its own token, and neither can be left by another attempt.
+    Rank 0 answers every nonce it reads (a stale one harmlessly) until every rank confirmed the token.
+    """
+    deadline = time.monotonic() + timeout
+    if rank != 0:
+        nonce = secrets.token_hex(16)
+        store.set(f"{_HELLO}/{rank}", nonce)
+        try:
+            store.wait([f"{_ACK}/{nonce}"], timedelta(seconds=timeout))
+        except RuntimeError as e:  # DistStoreError: the wait timed out
+            raise StartError(f"rank {rank}: rank 0 did not answer within {timeout:g} s (parallel.timeout): "
+                             f"is it running? ({_first_line(e)})") from None
+        namespace = f"alexnet/attempt/{store.get(f'{_ACK}/{nonce}').decode()}"
+        store.set(f"{namespace}/ready/{rank}", "1")
+        return dist.PrefixStore(namespace, store)
+    namespace = f"alexnet/attempt/{secrets.token_hex(16)}"
+    answered: set[str] = set()
+    pending, pause = set(range(1, world)), 0.01
+    while pending:
+        for r in sorted(pending):
+            if store.check([f"{_HELLO}/{r}"]):
+                nonce = store.get(f"{_HELLO}/{r}").decode()
+                if nonce not in answered:
+                    store.set(f"{_ACK}/{nonce}", namespace.rsplit("/", 1)[1])
+                    answered.add(nonce)
+        pending = {r for r in pending if not store.check([f"{namespace}/ready/{r}"])}
+        if pending and time.monotonic() > deadline:
+            raise StartError(f"rank 0: rank(s) {_ranks(pending)} did not join within {timeout:g} s "
+                             "(parallel.timeout): not started, or stopped at start-up")
+        time.sleep(pause if pending else 0)
+        pause = min(0.5, pause * 2)
+    return dist.PrefixStore(namespace, store)
+
+
+def _first_line(e: BaseException) -> str:
+    text = str(e).strip().splitlines()
+    return text[0][:300] if text else type(e).__name__
+
+
+def _ranks(ranks: set[int]) -> str:
+    listed = ", ".join(map(str, sorted(ranks)[:10]))
+    return listed + (f" and {len(ranks) - 10} more" if len(ranks) > 10 else "")
+
+
 def exchange_placement(store, rank: int, world: int, device: torch.device) -> Placement:
-    """Every rank's machine and GPU, through the rendezvous store (before any process group exists,
-    since the backend depends on them)."""
-    prefix = f"alexnet/{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}/placement"  # no stale keys on restart
-    store.set(f"{prefix}/{rank}", json.dumps([machine_id(), gpu_id(device)]))
-    seen = [json.loads(store.get(f"{prefix}/{r}")) for r in range(world)]
+    """Every rank's machine and GPU, through this attempt's store (attempt_store), before any process
+    group exists, since the backend depends on them."""
+    store.set(f"placement/{rank}", json.dumps([machine_id(), gpu_id(device)]))
+    seen = [json.loads(store.get(f"placement/{r}")) for r in range(world)]
     return Placement(tuple(h for h, _ in seen), tuple(g for _, g in seen))
 
 
@@ -191,19 +256,56 @@ def setup(cfg: Config) -> DistInfo:
     local_rank = int(os.environ.get("LOCAL_RANK", rank))
     local_world = int(os.environ.get("LOCAL_WORLD_SIZE", world))
     device = pick_device(replica_device_name(cfg.parallel.devices, cfg.run.device, local_rank), local_rank)
+    with _finished_within(cfg.parallel.timeout + SETUP_MARGIN, f"rank {rank}: joining the other processes"):
+        return _join(cfg, rank, world, local_rank, local_world, device)
+
+
+SETUP_MARGIN = 60.0  # seconds past parallel.timeout before a start-up that hangs is cut short
+
+
+@contextlib.contextmanager
+def _finished_within(seconds: float, what: str):
+    """End the process (exit 1, one line) if the block runs past `seconds`.
+
+    torch.distributed's own timeouts bound each step of joining, but a gloo connection to a peer that
+    vanished mid-handshake has been seen to wait forever inside C++ (py-spy: ProcessGroupGloo's
+    constructor, idle), where no Python exception can reach the main thread. A hang is never an answer.
+    """
+    done = threading.Event()
+
+    def watch() -> None:
+        if not done.wait(seconds):
+            print(f"train.py: error: {what} did not finish within {seconds:g} s (parallel.timeout + "
+                  f"{SETUP_MARGIN:g} s): a peer died or never came; stopping", file=sys.stderr, flush=True)
+            os._exit(1)
+    threading.Thread(target=watch, name="setup-watchdog", daemon=True).start()
+    try:
+        yield
+    finally:
+        done.set()
+
+
+def _join(cfg: Config, rank: int, world: int, local_rank: int, local_world: int, device: torch.device) -> DistInfo:
+    """setup()'s part that talks to the other processes: this attempt's store, the placement, the groups."""
     timeout = timedelta(seconds=cfg.parallel.timeout)
-    store, rank, world = next(dist.rendezvous("env://", rank, world, timeout=timeout))
-    transport = resolve_transport(cfg.parallel, exchange_placement(store, rank, world, device))
-    backend = "nccl" if transport == "nccl" else "gloo"
-    dist.init_process_group(backend, store=dist.PrefixStore("default_pg", store), rank=rank, world_size=world,
-                            timeout=timeout)
-    cpu_group = dist.new_group(backend="gloo", timeout=timeout) if backend != "gloo" else dist.group.WORLD
-    # A gloo rank that arrives early at a barrier gives up after its group's timeout, whatever the
-    # barrier's own: waiting for a checkpoint write needs a group of its own.
-    slow_group = dist.new_group(backend="gloo", timeout=timedelta(seconds=cfg.run.checkpoint_timeout))
-    model_peers, data_peers = build_mesh(rank, world, cfg.parallel.model_size, backend, timeout, cpu_group)
+    try:
+        store, rank, world = next(dist.rendezvous("env://", rank, world, timeout=timeout))
+        store = attempt_store(store, rank, world, cfg.parallel.timeout)
+        transport = resolve_transport(cfg.parallel, exchange_placement(store, rank, world, device))
+        backend = "nccl" if transport == "nccl" else "gloo"
+        dist.init_process_group(backend, store=dist.PrefixStore("default_pg", store), rank=rank,
+                                world_size=world, timeout=timeout)
+        cpu_group = dist.new_group(backend="gloo", timeout=timeout) if backend != "gloo" else dist.group.WORLD
+        # A gloo rank that arrives early at a barrier gives up after its group's timeout, whatever the
+        # barrier's own: waiting for a checkpoint write needs a group of its own.
+        slow_group = dist.new_group(backend="gloo", timeout=timedelta(seconds=cfg.run.checkpoint_timeout))
+        model_peers, data_peers = build_mesh(rank, world, cfg.parallel.model_size, backend, timeout, cpu_group)
+    except (StartError, ConfigError):
+        raise
+    except RuntimeError as e:  # a peer died or never came while the groups formed
+        raise StartError(f"rank {rank}: could not join the other processes: {_first_line(e)}") from None
     return DistInfo(rank, world, local_rank, local_world, device, transport, cpu_group, slow_group,
-                    cfg.parallel.model_size, model_peers, data_peers)
+                    cfg.parallel.model_size, model_peers, data_peers, store)
 
 
 def build_mesh(rank: int, world: int, model_size: int, backend: str, timeout: timedelta,
@@ -241,11 +343,42 @@ def slow_barrier(info: DistInfo, seconds: float) -> None:
 
 
 def teardown(info: DistInfo, seconds: float = 300.0) -> None:
-    """Leave together, after rank 0's last checkpoint write: a replica that tears its connections down
-    while a peer still finishes can make the C++ side abort at exit. `seconds`: see slow_barrier."""
+    """Leave together, after rank 0's last checkpoint write (see leave_together). `seconds`: how long
+    rank 0 waits for the others at the barrier (slow_barrier)."""
     if info.distributed and dist.is_initialized():
         slow_barrier(info, seconds)
-        dist.destroy_process_group()
+        leave_together(info.rank, info.world, info.store, seconds, barrier=False)
+
+
+def leave_together(rank: int, world: int, store=None, seconds: float = 300.0, barrier: bool = True) -> None:
+    """Destroy the default process group with no early leaver.
+
+    A member that tears its connections down while a peer is still in a collective can make the C++
+    side abort; and rank 0 of train.py's own launch hosts the rendezvous store in its process, so a
+    rank 0 that exits while a peer still reads or writes the store resets that peer's connection. So:
+    a barrier of all members (unless the caller just passed one), then every member destroys the group,
+    then each rank but 0 says in the store that it is done with it (its last use of the store), and
+    rank 0 returns only once all of them have: it is the last to leave. `store`: the one the group was
+    made on (default: the default group's).
+    """
+    if not dist.is_initialized():
+        return
+    if world > 1 and barrier:
+        dist.barrier()
+    store = store if store is not None else dist.distributed_c10d._get_default_store()
+    dist.destroy_process_group()
+    if world == 1:
+        return
+    if rank:
+        store.add("alexnet/left", 1)
+        return
+    deadline, pause = time.monotonic() + seconds, 0.005
+    while store.add("alexnet/left", 0) < world - 1:
+        if time.monotonic() > deadline:
+            raise StartError(f"rank 0: {world - 1 - store.add('alexnet/left', 0)} rank(s) did not leave within "
+                             f"{seconds:g} s")
+        time.sleep(pause)
+        pause = min(0.2, pause * 2)
 
 
 def print0(info: DistInfo, *args, **kwargs) -> None:

@@ -9,7 +9,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from alexnet.config import ParallelConfig, TrainConfig
-from alexnet.distributed import Peers
+from alexnet.distributed import Peers, leave_together
 from alexnet.exchange import WeightExchange, broadcast_from_first
 from alexnet.launch import free_port
 from alexnet.optim import build_optimizer
@@ -79,7 +79,7 @@ def _member(rank: int, world: int, port: int, out: str) -> None:
         for transport in ("ipc", "gloo"):
             peers = Peers(pair, pair, rank - 1, (1, 2))
             torch.save(_history(rank, transport, 1, 2, peers), f"{out}/pair {transport} rank{rank}.pt")
-    dist.destroy_process_group()
+    leave_together(rank, world)  # rank 0 hosts the store that ranks 1 and 2 may still be using
     if rank == 0:
         torch.save(_bucket_views(out), f"{out}/bucket views.pt")
     # Freeing a gloo group right after its last collective can deadlock (the group's worker thread
@@ -203,7 +203,7 @@ def _ipc_gpu_replica(rank: int, world: int, port: int, out: str) -> None:
         results.append([t.cpu() for t in tensors])
     avg.close()
     torch.save({"results": results, "host_waited": host_waited}, f"{out}/gpu{rank}.pt")
-    dist.destroy_process_group()
+    leave_together(rank, world)
 
 
 @pytest.mark.gpu

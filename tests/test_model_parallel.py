@@ -17,6 +17,7 @@ import torch.multiprocessing as mp
 import torch.nn.functional as F
 
 from alexnet.checkpoint import load
+from alexnet.distributed import leave_together
 from alexnet.launch import free_port
 from alexnet.metrics import read_metrics
 from alexnet.model_parallel import ShardedNet, build_sharded, parameter_bytes, sharding_problem
@@ -66,7 +67,7 @@ def _member(rank: int, ports: tuple[int, int], out: str) -> None:
         group = dist.new_group(list(range(world)))  # every process takes part in making a group
         if rank < world:
             _check_layout(Comm(group, rank, world), mode, arch, f"{out}/{mode}-{arch}-{world}.pt")
-    dist.destroy_process_group()
+    leave_together(rank, 4)
     _hybrid_member(rank, 4, ports[1], 2, out)
 
 

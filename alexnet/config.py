@@ -67,12 +67,18 @@ class TrainConfig:
     weight_decay: float = 5e-4
     bias_lr_mult: float = 2.0      # biases learn at twice the rate ...
     bias_decay_mult: float = 0.0   # ... and are not decayed
-    lr_policy: str = "step"        # step | auto | cosine | constant
+    optimizer: str = "sgd"         # sgd: the paper's momentum SGD; lars | lamb: layer-wise trust ratios for large
+                                   # batches (You et al. 2017, 2019; alexnet/large_batch.py)
+    trust_coefficient: float = 0.001  # lars: eta, the local lr is eta x ||w|| / (||g|| + wd ||w||)
+    lars_mode: str = "scale"       # lars: scale (the paper: lr x local lr) | clip (LARC: min(lr, local lr))
+    lars_exclude: str = "none"     # lars, lamb: bias_and_norm: tensors with ndim <= 1 get no decay, no trust ratio
+    lr_policy: str = "step"        # step | auto | cosine | constant | poly
     lr_steps: list[int] = field(default_factory=lambda: [25, 45])  # step: lr *= lr_gamma after these epochs
     lr_gamma: float = 0.1
     lr_auto_threshold: float = 0.01  # auto: lr *= lr_gamma when val top-1 error improved less than this ...
     lr_auto_patience: int = 2      # ... over this many epochs
     lr_min: float = 0.0            # cosine: the final lr
+    lr_power: float = 2.0          # poly: lr x (1 - step / total steps) ^ lr_power (You et al.: 2)
     warmup_epochs: float = 0.0     # linear warmup, per step
     warmup_start_factor: float | None = None  # warmup starts at this x lr (default: 1/k under linear
                                               # scaling by k, i.e. the unscaled lr, as Goyal et al.; else 0)
@@ -136,11 +142,14 @@ class Config:
 CHOICES: dict[str, tuple] = {
     "data.mean": ("image", "channel"),
     "data.loading": ("process", "thread", "inline"),
-    "model.arch": ("alexnet", "caffenet", "owt"),
+    "model.arch": ("alexnet", "caffenet", "owt", "alexnet_bn"),
     "model.init": ("paper", "torch"),
     "model.dropout_style": ("inverted", "theano"),
     "model.lrn": ("paper", "caffe"),
-    "train.lr_policy": ("step", "auto", "cosine", "constant"),
+    "train.lr_policy": ("step", "auto", "cosine", "constant", "poly"),
+    "train.optimizer": ("sgd", "lars", "lamb"),
+    "train.lars_mode": ("scale", "clip"),
+    "train.lars_exclude": ("none", "bias_and_norm"),
     "train.precision": ("fp32", "tf32", "bf16"),
     "train.lr_scaling": ("none", "linear"),
     "parallel.exchange": ("weights", "gradients"),
@@ -192,7 +201,7 @@ RANGES: dict[str, Range] = {
     "train.lr_auto_patience": COUNT, "train.lr_min": NON_NEGATIVE, "train.warmup_epochs": NON_NEGATIVE,
     "train.warmup_start_factor": Range(0, 1), "train.seed": Range(0, 2**63, high_open=True),
     "train.slices": COUNT, "train.lr_ref_batch": COUNT, "train.log_every": COUNT, "train.val_every": COUNT,
-    "train.max_steps": NON_NEGATIVE,
+    "train.max_steps": NON_NEGATIVE, "train.trust_coefficient": POSITIVE, "train.lr_power": POSITIVE,
     "run.keep_last": NON_NEGATIVE, "run.save_every_steps": NON_NEGATIVE, "run.checkpoint_timeout": SECONDS,
     "parallel.replicas": COUNT, "parallel.model_size": COUNT, "parallel.exchange_every": COUNT,
     "parallel.bucket_mb": POSITIVE, "parallel.timeout": SECONDS,
@@ -318,6 +327,23 @@ def _validate_relations(cfg: Config) -> None:
         raise ConfigError(f"train.batch_size={t.batch_size} is not divisible by train.slices={t.slices}")
     if cfg.parallel.exchange == "gradients" and cfg.parallel.transport == "ipc":
         raise ConfigError("parallel.transport=ipc exchanges weights only; gradients use nccl, gloo or auto")
+    _validate_large_batch(t, cfg.parallel.exchange, cfg.parallel.replicas)
+
+
+def _validate_large_batch(t: TrainConfig, exchange: str, replicas: int) -> None:
+    """LARS and LAMB: combinations that would silently run another algorithm."""
+    if t.optimizer == "sgd":
+        return
+    if exchange == "weights" and replicas > 1:
+        raise ConfigError(f"train.optimizer={t.optimizer} with parallel.exchange=weights would adapt each of the "
+                          f"{replicas} replicas to its own gradient, not to the global batch's; set "
+                          "parallel.exchange=gradients")
+    if t.lr_scaling == "linear":
+        raise ConfigError(f"train.lr_scaling=linear does not apply to train.optimizer={t.optimizer}: its global lr "
+                          "is not linear in the batch (You et al.: AlexNet 2 at 512, 10 at 4K-8K); set train.lr "
+                          "and train.lr_scaling=none")
+    if t.nesterov:
+        raise ConfigError(f"train.nesterov applies to train.optimizer=sgd only, not {t.optimizer}")
 
 
 def parse_override(text: str) -> tuple[str, Any]:

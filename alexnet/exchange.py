@@ -14,6 +14,13 @@ buffer first, so a transport moves a few large blocks, never one message per ten
 during the backward pass by DistributedDataParallel (bucketed, overlapped with computation) over the
 processes that hold the same part of the model: every process with data parallelism alone, the
 data-parallel group of each model part otherwise; see :func:`wrap_gradients`.
+
+Batch norm's running statistics (alexnet_bn) are per replica during training, as in Caffe: each replica
+normalises its own images and updates its own statistics. The weights exchange averages them with the
+weights (floating buffers only, not the batch count); in gradients mode :func:`average_buffers` averages
+them before validation and checkpoints. The running statistics are exponential moving averages, linear
+in the batch statistics, so averaging them now and then gives the same averages later as never doing it
+(up to rounding).
 """
 from __future__ import annotations
 
@@ -25,7 +32,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from layers import Comm
+from layers import Comm, all_reduce_sum
 
 from .distributed import Peers
 
@@ -47,6 +54,33 @@ def unpack(flat: torch.Tensor, tensors: list[torch.Tensor]) -> None:
     for t in tensors:
         t.copy_(flat[offset:offset + t.numel()].view(t.shape))
         offset += t.numel()
+
+
+def floating_buffers(model: nn.Module) -> list[torch.Tensor]:
+    """The model's floating-point buffers: batch norm's running statistics (not its integer batch count)."""
+    return [b for b in model.buffers() if b.is_floating_point()]
+
+
+@torch.no_grad()
+def average_buffers(buffers: list[torch.Tensor], comm: Comm) -> None:
+    """Replace every buffer by its mean over `comm`'s group (one flat all-reduce; nothing if none)."""
+    if not buffers or comm.size == 1:
+        return
+    flat = torch.cat([b.reshape(-1) for b in buffers])
+    all_reduce_sum(flat, comm)
+    unpack(flat.div_(comm.size), buffers)
+
+
+def average_statistics(model: nn.Module, data: Comm | None) -> None:
+    """Batch norm's running statistics, per process in training, averaged over the processes that hold the
+    same layers (before validation and checkpoints): a ShardedNet's model group for its replicated layers
+    (fc's convs, data parallel inside it), then `data`, the data-parallel group in gradients mode (the
+    weights exchange averages them itself). Nothing without such statistics."""
+    replicated = getattr(model, "replicated_buffers", None)  # a ShardedNet; columns shard every statistic
+    if replicated is not None:
+        average_buffers(replicated(), model.comm)
+    if data is not None:
+        average_buffers(floating_buffers(model), data)
 
 
 @torch.no_grad()
@@ -173,7 +207,8 @@ class IpcAverage:
 
 
 class WeightExchange:
-    """Average parameters and momentum buffers across replicas every `every` steps."""
+    """Average parameters, momentum buffers and batch norm's running statistics across replicas every
+    `every` steps."""
 
     def __init__(self, model: nn.Module, optimizer, peers: Peers, transport: str, every: int = 1):
         self.model, self.optimizer, self.every = model, optimizer, every
@@ -186,8 +221,9 @@ class WeightExchange:
         self.sent = [0]
 
     def tensors(self) -> list[torch.Tensor]:
-        """Parameters, then velocities (looked up each time: loading a checkpoint replaces them)."""
-        return [p.data for p in self.model.parameters()] + self.optimizer.velocities()
+        """Parameters, velocities, then running statistics (looked up each time: loading a checkpoint
+        replaces the velocities)."""
+        return [p.data for p in self.model.parameters()] + self.optimizer.velocities() + floating_buffers(self.model)
 
     def bytes_per_exchange(self) -> int:
         return flat_size(self.tensors()) * 4
@@ -224,8 +260,11 @@ def wrap_gradients(model: nn.Module, device: torch.device, bucket_mb: float, com
     ids = [device.index] if device.type == "cuda" else None
     if comm is not None:
         comm.arrive()  # DDP's constructor checks the shapes and broadcasts the parameters
+    # broadcast_buffers=False: batch norm's running statistics stay per replica (as Caffe's); DDP's default
+    # would overwrite them with rank 0's before every forward. They are averaged before validation and
+    # checkpoints instead (average_buffers).
     ddp = DDP(model, device_ids=ids, bucket_cap_mb=bucket_mb, gradient_as_bucket_view=True,
-              process_group=comm.group if comm is not None else None)
+              process_group=comm.group if comm is not None else None, broadcast_buffers=False)
     if comm is None:
         return ddp
 

@@ -6,17 +6,23 @@ same state-dict key. The local module is built by slicing the single-device mode
 starts from the very weights the single-device run with the same seed starts from, and checkpoints
 are assembled back into the ordinary single-device state dict.
 
-``columns`` (M = 2; alexnet, caffenet): every conv and fc layer is split; conv2, conv4 and conv5 are
-the single-device model's grouped convolutions, so each column reads only its own channels; conv3
-and the fc layers read both columns (the cross-connections: a gather along channels or features).
+``columns`` (M = 2; alexnet, caffenet, alexnet_bn): every conv and fc layer is split; conv2, conv4 and
+conv5 are the single-device model's grouped convolutions, so each column reads only its own channels;
+conv3 and the fc layers read both columns (the cross-connections: a gather along channels or features).
 Both columns see the whole image. LRN's 5-channel window crosses the column boundary in the
 single-device model, so each column first receives its neighbour's 2 edge channels: the columns
-compute exactly the single-device function (not the per-column LRN of the 2012 GPUs).
+compute exactly the single-device function (not the per-column LRN of the 2012 GPUs). alexnet_bn's
+batch norm is per channel and always reads one column's own channels (conv1/2/3/4's outputs), so it is
+split by channel too: each column holds its channels' running statistics (sharded buffers), and since
+both columns see the same images its batch statistics are exactly the single-device ones.
 
 ``fc`` (any M dividing the fc widths and the class count; every arch): the conv layers are
 replicated and run data parallel inside the model group, each process on its own images; their
 features are gathered along the batch, and fc6..fc8 are sharded, each process computing its output
-units for the images of all M processes. Gradients flow back to each process's own images.
+units for the images of all M processes. Gradients flow back to each process's own images. alexnet_bn's
+batch norm (in the convs) thus normalises each process's own images with their own statistics: fc is
+not the single-device function there, and the running statistics are averaged over the model group
+before validation and checkpoints (``exchange.average_statistics``).
 
 Gradients: a process's loss is its rows' share of the model group's mean loss (1/M of its own mean),
 so that the sums the collectives' backward passes form are the model group's gradients; replicated
@@ -39,14 +45,18 @@ from layers import LRN, Comm, all_reduce_sum, gather, gather_counts, lrn_with_ha
 from .models import build_model
 
 MODES = ("columns", "fc")
-COLUMN_ARCHS = ("alexnet", "caffenet")
+COLUMN_ARCHS = ("alexnet", "caffenet", "alexnet_bn")
+# A batch norm's per-channel buffers; its num_batches_tracked is one count, the same in every column.
+_CHANNEL_BUFFERS = ("running_mean", "running_var")
+_COUNTS = ("num_batches_tracked",)
 
 
 def sharding_problem(mode: str, arch: str, model_size: int, full: nn.Module) -> str | None:
     """Why `full` cannot be split `model_size` ways in `mode` (None if it can)."""
     if mode == "columns" and (model_size != 2 or arch not in COLUMN_ARCHS):
         return (f"parallel.model=columns is Krizhevsky 2012's two-column split of alexnet/caffenet: it needs "
-                f"parallel.model_size=2 and model.arch alexnet or caffenet (got {model_size}, {arch})")
+                f"parallel.model_size=2 and model.arch alexnet or caffenet (or alexnet_bn, the same columns "
+                f"with batch norm) (got {model_size}, {arch})")
     layers = [m for m in full.modules() if isinstance(m, (nn.Conv2d, nn.Linear))]
     if mode == "fc":
         layers = [m for m in layers if isinstance(m, nn.Linear)]
@@ -77,6 +87,26 @@ def _rows(layer: nn.Module, m: int, parts: int) -> nn.Module:
     return local
 
 
+def _channels_of(bn: nn.BatchNorm2d, m: int, parts: int) -> nn.BatchNorm2d:
+    """A copy of a batch norm holding channels [m n/parts, (m+1) n/parts) only (statistics and affine)."""
+    n = bn.num_features // parts
+    local = copy.deepcopy(bn)
+    local.num_features = n
+    with torch.no_grad():
+        for key in ("weight", "bias"):
+            if getattr(bn, key, None) is not None:
+                setattr(local, key, nn.Parameter(getattr(bn, key)[m * n:(m + 1) * n].clone()))
+        for key in _CHANNEL_BUFFERS:
+            if getattr(bn, key, None) is not None:
+                setattr(local, key, getattr(bn, key)[m * n:(m + 1) * n].clone())  # a registered buffer stays one
+    return local
+
+
+def _sliced(part: nn.Module) -> list[str]:
+    """The names of a split layer's tensors that hold one slice per member: all but a batch count."""
+    return [k for k, _ in (*part.named_parameters(), *part.named_buffers()) if k not in _COUNTS]
+
+
 class ShardedNet(nn.Module):
     """One process's part of a model-parallel network (see the module docstring)."""
 
@@ -87,13 +117,14 @@ class ShardedNet(nn.Module):
         self.mode, self.comm = mode, comm
         m, parts = comm.rank, comm.size
         self.sharded_keys: set[str] = set()
-        split = (nn.Conv2d, nn.Linear) if mode == "columns" else (nn.Linear,)
+        split = (nn.Conv2d, nn.Linear, nn.BatchNorm2d) if mode == "columns" else (nn.Linear,)
         local = copy.deepcopy(full)
         for name, module in list(local.named_modules()):
             if isinstance(module, split):
                 parent, _, leaf = name.rpartition(".")
-                setattr(local.get_submodule(parent), leaf, _rows(module, m, parts))
-                self.sharded_keys.update({f"{name}.weight", f"{name}.bias"})
+                part = _channels_of(module, m, parts) if isinstance(module, nn.BatchNorm2d) else _rows(module, m, parts)
+                setattr(local.get_submodule(parent), leaf, part)
+                self.sharded_keys.update(f"{name}.{key}" for key in _sliced(part))
         self.features = local.features
         self.avgpool = getattr(local, "avgpool", None)
         self.classifier = local.classifier
@@ -160,6 +191,10 @@ class ShardedNet(nn.Module):
 
     def sharded_parameters(self) -> list[nn.Parameter]:
         return [p for k, p in self.named_parameters() if k in self.sharded_keys]
+
+    def replicated_buffers(self) -> list[torch.Tensor]:
+        """fc: the convs' batch-norm running statistics, which each process updates from its own images."""
+        return [b for k, b in self.named_buffers() if k not in self.sharded_keys and b.is_floating_point()]
 
     def local_shard(self, full_state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         """This process's part of a single-device state dict (or velocity dict) keyed like ours."""

@@ -1,7 +1,9 @@
-"""AlexNet variants: the 2012 paper / BVLC AlexNet, BVLC CaffeNet, torchvision's "one weird trick".
+"""AlexNet variants: the 2012 paper / BVLC AlexNet, BVLC CaffeNet, torchvision's "one weird trick", and
+You, Gitman & Ginsburg (2017)'s AlexNet-BN for large batches.
 
-``alexnet`` and ``caffenet`` use readable layer names (``features.conv1``, ``classifier.fc6``);
-``owt`` keeps torchvision's integer indices so torchvision state dicts load strictly.
+``alexnet``, ``caffenet`` and ``alexnet_bn`` use readable layer names (``features.conv1``,
+``features.bn2``, ``classifier.fc6``); ``owt`` keeps torchvision's integer indices so torchvision state
+dicts load strictly.
 """
 
 from __future__ import annotations
@@ -10,29 +12,46 @@ import itertools
 import math
 import operator
 from collections import OrderedDict
+from typing import NamedTuple
 
 import torch
 from torch import nn
 
 from layers import LRN_FORMS, AdaptiveAvgPool, Dropout, MaxPool, make_lrn
 
-ARCHS = ("alexnet", "caffenet", "owt")
+ARCHS = ("alexnet", "caffenet", "owt", "alexnet_bn")
 INITS = ("paper", "torch")
 
 # (kernel, stride, padding) of every layer that changes the spatial side, in forward order.
 _TAIL_GEOMETRY = ((3, 2, 0), (5, 1, 2), (3, 2, 0), (3, 1, 1), (3, 1, 1), (3, 1, 1), (3, 2, 0))
 _PAPER_GEOMETRY = ((11, 4, 0), *_TAIL_GEOMETRY)  # conv1 unpadded: 227 -> 55
 _OWT_GEOMETRY = ((11, 4, 2), *_TAIL_GEOMETRY)  # conv1 padded by 2: 224 -> 55
-_GEOMETRY = {"alexnet": _PAPER_GEOMETRY, "caffenet": _PAPER_GEOMETRY, "owt": _OWT_GEOMETRY}
+_GEOMETRY = {"alexnet": _PAPER_GEOMETRY, "caffenet": _PAPER_GEOMETRY, "owt": _OWT_GEOMETRY,
+             "alexnet_bn": _PAPER_GEOMETRY}  # batch norm keeps the side
 
 _GROUPS = 2  # the two GPU columns of the paper, kept as grouped convolutions
 _OWT_POOL = 6  # torchvision's AdaptiveAvgPool2d output side
 
-# Theano reproduction's initialisation, by position: conv1..conv5, then fc6..fc8.
-_CONV_STD = 0.01
-_CONV_BIAS = (0.0, 0.1, 0.0, 0.1, 0.0)
-_FC_STD = (0.005, 0.005, 0.01)
-_FC_BIAS = (0.1, 0.1, 0.0)
+
+class PaperInit(NamedTuple):
+    """model.init=paper, by position: N(0, conv_std) and conv_bias for conv1..conv5, then fc_std, fc_bias
+    for fc6..fc8."""
+
+    conv_std: float
+    conv_bias: tuple[float, ...]
+    fc_std: tuple[float, ...]
+    fc_bias: tuple[float, ...]
+
+
+THEANO_INIT = PaperInit(0.01, (0.0, 0.1, 0.0, 0.1, 0.0), (0.005, 0.005, 0.01), (0.1, 0.1, 0.0))
+# NVCaffe's models/alexnet_bn/train_val2.prototxt: every conv bias 0.01, fc8's too.
+BN_INIT = PaperInit(0.01, (0.01,) * 5, (0.005, 0.005, 0.01), (0.1, 0.1, 0.01))
+# The prototxt's BatchNorm: eps 1e-4, moving_average_fraction 0.9, scale_bias false. NVCaffe's cuDNN layer
+# updates its statistics as s <- 0.9 s + 0.1 batch (exponentialAverageFactor 1 - 0.9; variance unbiased),
+# which is torch's momentum 0.1; only its first iteration differs (factor 1: it copies the first batch's
+# statistics, where torch mixes 0.1 of them into mean 0, variance 1: a weight of 0.9^t after t steps).
+BN_EPS = 1e-4
+BN_MOMENTUM = 0.1
 
 
 def _check_arch(arch: str) -> None:
@@ -85,13 +104,7 @@ class AlexNet(nn.Module):
         c1, c2, c3, c4, c5 = (_channels(c, width, _GROUPS) for c in (96, 256, 384, 384, 256))
         hidden = _channels(4096, width)
         side = feature_side("alexnet", crop)
-        self.features = nn.Sequential(OrderedDict([
-            *self._block(1, nn.Conv2d(3, c1, 11, stride=4), norm=True, pool=True),
-            *self._block(2, nn.Conv2d(c1, c2, 5, padding=2, groups=_GROUPS), norm=True, pool=True),
-            *self._block(3, nn.Conv2d(c2, c3, 3, padding=1)),
-            *self._block(4, nn.Conv2d(c3, c4, 3, padding=1, groups=_GROUPS)),
-            *self._block(5, nn.Conv2d(c4, c5, 3, padding=1, groups=_GROUPS), pool=True),
-        ]))
+        self.features = nn.Sequential(OrderedDict(self._features(c1, c2, c3, c4, c5)))
         self.classifier = nn.Sequential(OrderedDict([
             ("fc6", nn.Linear(c5 * side * side, hidden)),
             ("relu6", _relu()),
@@ -101,6 +114,15 @@ class AlexNet(nn.Module):
             ("drop7", Dropout(dropout, dropout_style)),
             ("fc8", nn.Linear(hidden, num_classes)),
         ]))
+
+    def _features(self, c1: int, c2: int, c3: int, c4: int, c5: int) -> list[tuple[str, nn.Module]]:
+        return [
+            *self._block(1, nn.Conv2d(3, c1, 11, stride=4), norm=True, pool=True),
+            *self._block(2, nn.Conv2d(c1, c2, 5, padding=2, groups=_GROUPS), norm=True, pool=True),
+            *self._block(3, nn.Conv2d(c2, c3, 3, padding=1)),
+            *self._block(4, nn.Conv2d(c3, c4, 3, padding=1, groups=_GROUPS)),
+            *self._block(5, nn.Conv2d(c4, c5, 3, padding=1, groups=_GROUPS), pool=True),
+        ]
 
     def _block(
         self, i: int, conv: nn.Conv2d, norm: bool = False, pool: bool = False
@@ -123,6 +145,32 @@ class CaffeNet(AlexNet):
     """BVLC CaffeNet / Theano reproduction: max-pool before LRN in blocks 1 and 2."""
 
     pool_before_norm = True
+
+
+def batch_norm(channels: int) -> nn.BatchNorm2d:
+    """AlexNet-BN's normalisation: batch statistics in training, running ones in eval mode; no learned
+    scale or shift (the prototxt's scale_bias: false)."""
+    return nn.BatchNorm2d(channels, eps=BN_EPS, momentum=BN_MOMENTUM, affine=False)
+
+
+class AlexNetBN(AlexNet):
+    """You, Gitman & Ginsburg (2017)'s AlexNet-BN (NVCaffe models/alexnet_bn/train_val2.prototxt): no LRN;
+    batch norm at the input of conv2..conv5 (after pool1, pool2, relu3, relu4), none at conv1 or the fc
+    layers; conv2, conv4 and conv5 grouped (group: 2) as in the prototxt. No LRN: `lrn` is accepted for a
+    uniform signature and has no effect."""
+
+    paper_init = BN_INIT
+
+    def _features(self, c1: int, c2: int, c3: int, c4: int, c5: int) -> list[tuple[str, nn.Module]]:
+        return [
+            ("conv1", nn.Conv2d(3, c1, 11, stride=4)), ("relu1", _relu()), ("pool1", MaxPool(3, 2)),
+            ("bn2", batch_norm(c1)), ("conv2", nn.Conv2d(c1, c2, 5, padding=2, groups=_GROUPS)),
+            ("relu2", _relu()), ("pool2", MaxPool(3, 2)),
+            ("bn3", batch_norm(c2)), ("conv3", nn.Conv2d(c2, c3, 3, padding=1)), ("relu3", _relu()),
+            ("bn4", batch_norm(c3)), ("conv4", nn.Conv2d(c3, c4, 3, padding=1, groups=_GROUPS)), ("relu4", _relu()),
+            ("bn5", batch_norm(c4)), ("conv5", nn.Conv2d(c4, c5, 3, padding=1, groups=_GROUPS)), ("relu5", _relu()),
+            ("pool5", MaxPool(3, 2)),
+        ]
 
 
 class OWTAlexNet(nn.Module):
@@ -159,20 +207,22 @@ class OWTAlexNet(nn.Module):
 
 
 _CLASSES: dict[str, type[nn.Module]] = {
-    "alexnet": AlexNet, "caffenet": CaffeNet, "owt": OWTAlexNet
+    "alexnet": AlexNet, "caffenet": CaffeNet, "owt": OWTAlexNet, "alexnet_bn": AlexNetBN
 }
 
 
 def init_paper_(model: nn.Module) -> nn.Module:
-    """Theano-reproduction init in place, by position (5 convs, 3 linears); uses the global RNG."""
+    """The paper init in place, by position (5 convs, 3 linears): the model's `paper_init` (AlexNet-BN's
+    prototxt), else the Theano reproduction's; uses the global RNG."""
+    init: PaperInit = getattr(model, "paper_init", THEANO_INIT)
     convs = [m for m in model.modules() if isinstance(m, nn.Conv2d)]
     fcs = [m for m in model.modules() if isinstance(m, nn.Linear)]
-    if len(convs) != len(_CONV_BIAS) or len(fcs) != len(_FC_BIAS):
+    if len(convs) != len(init.conv_bias) or len(fcs) != len(init.fc_bias):
         raise ValueError(f"paper init needs 5 convs and 3 linears, got {len(convs)}, {len(fcs)}")
-    for conv, bias in zip(convs, _CONV_BIAS):
-        nn.init.normal_(conv.weight, 0.0, _CONV_STD)
+    for conv, bias in zip(convs, init.conv_bias):
+        nn.init.normal_(conv.weight, 0.0, init.conv_std)
         nn.init.constant_(conv.bias, bias)
-    for fc, std, bias in zip(fcs, _FC_STD, _FC_BIAS):
+    for fc, std, bias in zip(fcs, init.fc_std, init.fc_bias):
         nn.init.normal_(fc.weight, 0.0, std)
         nn.init.constant_(fc.bias, bias)
     return model
@@ -220,7 +270,7 @@ def build_model(
 ) -> nn.Module:
     """Build ``arch`` for ``crop`` x ``crop`` inputs; ``init``: "paper" (default) or "torch";
     ``dropout_style``: "inverted" (PyTorch's) or "theano" (scaled at test time; layers/dropout.py);
-    ``lrn``: "paper" (default) or "caffe" (layers/lrn.py; owt has no LRN)."""
+    ``lrn``: "paper" (default) or "caffe" (layers/lrn.py; owt and alexnet_bn have no LRN)."""
     _validate(arch, num_classes, width, dropout, crop, init, lrn)
     model = _CLASSES[arch](int(num_classes), float(width), float(dropout), int(crop), dropout_style, lrn)
     if init == "paper":

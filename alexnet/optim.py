@@ -1,4 +1,4 @@
-"""The paper's SGD and the learning-rate policies.
+"""The paper's SGD, the optimizer a config asks for, and the learning-rate policies.
 
 Update (Krizhevsky 2012; the Theano reproduction and Caffe use the same form):
 
@@ -7,6 +7,7 @@ Update (Krizhevsky 2012; the Theano reproduction and Caffe use the same form):
 The velocity holds the lr-scaled step, so a lr drop changes only new gradients' contribution (torch's
 SGD keeps an unscaled buffer and rescales the whole momentum instead). Nesterov: w <- w + mu * v - lr * g'.
 Biases learn at ``bias_lr_mult`` times the lr with ``bias_decay_mult`` times the decay (2 and 0).
+``train.optimizer: lars | lamb`` builds alexnet/large_batch.py's optimizers on the same groups.
 """
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ import torch
 from torch import nn
 
 from .config import TrainConfig
+from .large_batch import LAMB, LARS
 
 
 def param_groups(model: nn.Module, cfg: TrainConfig) -> list[dict]:
@@ -72,13 +74,20 @@ class PaperSGD(torch.optim.Optimizer):
         return loss
 
 
-def build_optimizer(model: nn.Module, cfg: TrainConfig) -> PaperSGD:
-    return PaperSGD(param_groups(model, cfg), lr=cfg.lr, momentum=cfg.momentum, weight_decay=cfg.weight_decay,
-                    nesterov=cfg.nesterov)
+def build_optimizer(model: nn.Module, cfg: TrainConfig) -> torch.optim.Optimizer:
+    """The optimizer of train.optimizer over `model`'s weight and bias groups (the trainer's only way)."""
+    groups = param_groups(model, cfg)
+    if cfg.optimizer == "lars":
+        return LARS(groups, lr=cfg.lr, momentum=cfg.momentum, weight_decay=cfg.weight_decay,
+                    trust_coefficient=cfg.trust_coefficient, mode=cfg.lars_mode, exclude=cfg.lars_exclude)
+    if cfg.optimizer == "lamb":  # Adam's betas and eps are LAMB's fixed defaults; train.momentum is not used
+        return LAMB(groups, lr=cfg.lr, weight_decay=cfg.weight_decay, exclude=cfg.lars_exclude)
+    return PaperSGD(groups, lr=cfg.lr, momentum=cfg.momentum, weight_decay=cfg.weight_decay, nesterov=cfg.nesterov)
 
 
 class LRSchedule:
-    """The base learning rate at every step: policy x warmup; `scale` is the large-batch factor.
+    """The base learning rate at every step: policy x warmup; `scale` is the large-batch factor. A pure
+    function of the global step (plus the auto policy's drops, kept in state_dict), so resuming is exact.
 
     Epochs count from 1 for users: ``lr_steps: [25, 45]`` divides the lr after epochs 25 and 45 (the
     Theano repo's meaning). Internally `epoch` is the 0-based index of the epoch in progress.
@@ -105,6 +114,8 @@ class LRSchedule:
             t = min(1.0, max(0.0, (step - warm) / total))
             floor = c.lr_min / self.target_lr() if self.target_lr() else 0.0
             return floor + (1 - floor) * 0.5 * (1 + math.cos(math.pi * t))
+        if c.lr_policy == "poly":  # You et al.: (1 - t/T)^power over the whole run, t the 0-based step
+            return max(0.0, 1 - step / (c.epochs * self.steps_per_epoch)) ** c.lr_power
         return 1.0
 
     def _warmup(self, step: int) -> float:

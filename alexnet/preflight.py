@@ -92,6 +92,10 @@ def check_resume(cfg: Config, meta: dict, state: dict, path: Path) -> list[str]:
     was, now = _flat(to_dict(Config())), _flat(to_dict(cfg))
     was.update(_flat(state["config"]))  # keys an older checkpoint lacks had their defaults
     changed = [key for key in now if key in was and was[key] != now[key]]
+    if "train.optimizer" in changed:  # the state of one (velocities, Adam moments) means nothing to another
+        raise ConfigError(f"{path} was trained with train.optimizer={was['train.optimizer']}, this config has "
+                          f"train.optimizer={now['train.optimizer']}: the optimizer state does not carry over; use "
+                          "another run.dir or the same optimizer")
     for key in RESUME_KEYS:
         if key in changed and not (key == "model.num_classes" and now[key] is None):
             raise ConfigError(f"{path} was trained with {key}={was[key]!r}, this config has {now[key]!r}; use "

@@ -10,7 +10,9 @@ With M > 1 (alexnet/model_parallel.py):
   model groups); only model rank 0 counts them in the metrics;
 - the loss of each process is 1/M of its rows' mean (see model_parallel's docstring);
 - a checkpoint holds the single-device state dict and optimizer state: rank 0 assembles them from
-  its model group, and every process takes its own part back on resume, whatever layout wrote it.
+  its model group, and every process takes its own part back on resume, whatever layout wrote it
+  (every per-parameter state tensor: SGD's and LARS's velocity, LAMB's moments);
+- LARS and LAMB take a sharded layer's norms over the model group (``ModelGroupNorms``).
 
 Replicas (the processes holding the same part) then keep in step by averaging gradients (DDP over
 them, its bucketed all-reduces overlapped with the backward pass, in every layout) or weights and
@@ -31,6 +33,7 @@ from layers import Comm
 from .config import Config, ConfigError
 from .distributed import DistInfo
 from .exchange import WeightExchange, broadcast_from_first, wrap_gradients
+from .large_batch import ModelGroupNorms
 from .model_parallel import ShardedNet, build_sharded, parameter_bytes
 from .models import build_model
 from .optim import build_optimizer
@@ -108,37 +111,73 @@ class MeshLayout:
         model_state, opt_state = model.state_dict(), optimizer.state_dict()
         if not self.sharded or self.dist.data_rank:
             return model_state, opt_state
-        names = _param_names(model, optimizer)
+        named = _named_params(model, optimizer)
+        shaped = _shaped_state(opt_state["state"], named, lambda name, p: tuple(p.shape))
         mine = ({k: v.detach().cpu() for k, v in model_state.items()},
-                {names[i]: s["velocity"].detach().cpu() for i, s in opt_state["state"].items()})
+                {key: {name: v.detach().cpu() for name, v in by_name.items()} for key, by_name in shaped.items()})
         peers = self.dist.model_peers
         pieces = [None] * peers.size if self.dist.is_main else None
         tdist.gather_object(mine, pieces, dst=peers.ranks[0], group=peers.cpu_group)
         if not self.dist.is_main:
             return model_state, opt_state
-        velocities = model.assemble([p[1] for p in pieces])
-        opt_state["state"] = {i: {**s, "velocity": velocities[names[i]]} for i, s in opt_state["state"].items()}
+        whole = {key: model.assemble([p[1][key] for p in pieces]) for key in shaped}
+        opt_state["state"] = _with_state(opt_state["state"], named, whole)
         return model.assemble([p[0] for p in pieces]), opt_state
 
     def load_full_state(self, model: nn.Module, optimizer, model_state: dict, opt_state: dict) -> None:
         """Load a single-device checkpoint's state into this process's model (its part of it)."""
         if isinstance(model, ShardedNet):
-            names = _param_names(model, optimizer)
-            velocities = model.local_shard({names[i]: s["velocity"] for i, s in opt_state["state"].items()})
-            opt_state = {**opt_state, "state": {i: {**s, "velocity": velocities[names[i]]}
-                                                for i, s in opt_state["state"].items()}}
+            named = _named_params(model, optimizer)
+
+            def full_shape(name: str, p: torch.Tensor) -> tuple:  # the single-device parameter's shape
+                rows = p.shape[0] * model.comm.size if name in model.sharded_keys else p.shape[0]
+                return (rows, *p.shape[1:])
+            shaped = _shaped_state(opt_state["state"], named, full_shape)
+            mine = {key: model.local_shard(by_name) for key, by_name in shaped.items()}
+            opt_state = {**opt_state, "state": _with_state(opt_state["state"], named, mine)}
             model_state = model.local_shard(model_state)
         model.load_state_dict(model_state)
         optimizer.load_state_dict(opt_state)  # moves the velocities to the parameters' device
 
 
-def _param_names(model: nn.Module, optimizer) -> list[str]:
-    """The parameter name of every index of the optimizer's state dict (its param_groups' order).
+def _named_params(model: nn.Module, optimizer) -> list[tuple[str, nn.Parameter]]:
+    """(name, parameter) of every index of the optimizer's state dict (its param_groups' order).
 
     The single-device model and a ShardedNet have the same names in the same order, so the indices
     of one are the indices of the other."""
     name_of = {id(p): k for k, p in model.named_parameters()}
-    return [name_of[id(p)] for group in optimizer.param_groups for p in group["params"]]
+    return [(name_of[id(p)], p) for group in optimizer.param_groups for p in group["params"]]
+
+
+def _shaped_state(state: dict, named: list, shape_of) -> dict[str, dict[str, torch.Tensor]]:
+    """{state key: {parameter name: tensor}} of the per-parameter state tensors: those whose shape is
+    `shape_of(name, parameter)` (a velocity, Adam's moments), not scalars (LAMB's step count)."""
+    out: dict[str, dict[str, torch.Tensor]] = {}
+    for i, s in state.items():
+        name, p = named[i]
+        for key, value in s.items():
+            if torch.is_tensor(value) and tuple(value.shape) == tuple(shape_of(name, p)):
+                out.setdefault(key, {})[name] = value
+    return out
+
+
+def _with_state(state: dict, named: list, shaped: dict[str, dict[str, torch.Tensor]]) -> dict:
+    """`state` (an optimizer state dict's) with its per-parameter tensors replaced by `shaped`'s."""
+    out = {}
+    for i, s in state.items():
+        name = named[i][0]
+        out[i] = {**s, **{key: by_name[name] for key, by_name in shaped.items() if name in by_name}}
+    return out
+
+
+def _refuse_replica_adaptation(cfg: Config, dist: DistInfo) -> None:
+    """LARS/LAMB with the weights exchange over several replicas (known here under torchrun, where
+    parallel.replicas is ignored): each replica would adapt to its own gradient. ConfigError (exit 2)."""
+    t = cfg.train
+    if t.optimizer != "sgd" and cfg.parallel.exchange == "weights" and dist.replicas > 1:
+        raise ConfigError(f"train.optimizer={t.optimizer} with parallel.exchange=weights would adapt each of the "
+                          f"{dist.replicas} replicas to its own gradient, not to the global batch's; set "
+                          "parallel.exchange=gradients")
 
 
 def sgd_step(forward, optimizer: torch.optim.Optimizer, x: torch.Tensor, y: torch.Tensor, autocast,
@@ -179,6 +218,7 @@ class Replica:
 
     def __init__(self, cfg: Config, dist: DistInfo, num_classes: int, arrive: Callable[[], None] | None = None):
         self.cfg, self.dist, self.layout = cfg, dist, MeshLayout(cfg, dist)
+        _refuse_replica_adaptation(cfg, dist)
         self.arrive = arrive or (lambda: None)  # called before every collective (the launcher's heartbeat)
         try:
             model = self.layout.build_model(num_classes, before_collective=self.arrive)
@@ -187,6 +227,9 @@ class Replica:
         model = model.to(dist.device)
         self.model = model.to(memory_format=torch.channels_last) if cfg.train.channels_last else model
         self.optimizer = build_optimizer(self.model, cfg.train)
+        if isinstance(self.model, ShardedNet) and hasattr(self.optimizer, "norm_reducer"):
+            # a split layer's trust ratio is the whole layer's: its squared norms summed over the group
+            self.optimizer.norm_reducer = ModelGroupNorms(self.model.sharded_parameters(), self.model.comm)
         # DDP over the processes holding the same part: all of them (M = 1), or the part's data group
         self.ddp = cfg.parallel.exchange == "gradients" and dist.data_peers is not None and dist.data_peers.size > 1
         self.exchange: WeightExchange | None = None
@@ -241,12 +284,12 @@ class Replica:
 
     def load_full_state(self, model_state: dict, opt_state: dict) -> None:
         self.layout.load_full_state(self.model, self.optimizer, model_state, opt_state)
-        # load_state_dict restored the checkpoint's momentum and weight decay; the config decides them
-        # (as the schedule decides the lr), so that a changed setting is not silently ignored.
+        # load_state_dict restored the checkpoint's momentum, weight decay (and LARS's trust coefficient,
+        # ...); the config decides them (as the schedule decides the lr), so that a changed setting is not
+        # silently ignored.
         fresh = build_optimizer(self.model, self.cfg.train).param_groups
         for group, new in zip(self.optimizer.param_groups, fresh):
-            for key in ("momentum", "weight_decay", "nesterov", "lr_mult"):
-                group[key] = new[key]
+            group.update({key: value for key, value in new.items() if key not in ("params", "lr")})
 
     def close(self) -> None:
         if self.exchange is not None:

@@ -23,10 +23,12 @@ from data.layouts import DataError
 from data.loader import InlineLoader, LoaderSpec
 from data.reader import load_meta
 from data.slot_loader import SlotLoader
+from layers import Comm
 
 from .checkpoint import CHECKPOINT_KIND, BackgroundWriter, CheckpointDir, CheckpointError, load, to_host
 from .config import Config, ConfigError, dump_yaml, to_dict
 from .distributed import DistInfo, print0, slow_barrier
+from .exchange import average_statistics
 from .launch import Heartbeat
 from .metrics import Meter, MetricsLog
 from .optim import LRSchedule
@@ -258,8 +260,11 @@ class Trainer:
                             f"saving, {self._last_good()} (lower train.lr, or check the data)")
 
     def _weights_bad(self) -> torch.Tensor:
-        """1 (int64, on the device) if a parameter or velocity of this process holds NaN or inf, else 0."""
-        tensors = [*self.model.parameters(), *(s["velocity"] for s in self.optimizer.state.values() if "velocity" in s)]
+        """1 (int64, on the device) if a parameter or a per-parameter optimizer state tensor (a velocity,
+        LAMB's moments; not LAMB's step count, a CPU scalar) of this process holds NaN or inf, else 0."""
+        state = [v for p, s in self.optimizer.state.items() for v in s.values()
+                 if torch.is_tensor(v) and v.shape == p.shape]
+        tensors = [*self.model.parameters(), *state]
         finite = torch.stack([torch.isfinite(t).all() for t in tensors]).all()
         return (~finite).to(torch.int64)
 
@@ -293,6 +298,7 @@ class Trainer:
     @torch.no_grad()
     def evaluate(self, epoch: int) -> dict:
         """Center-crop top-1/top-5 error over the whole validation split (sharded, exact counts)."""
+        self.average_statistics()
         self.model.eval()
         meter, start, n = Meter(self.device), time.perf_counter(), 0
         bar = self._bar(epoch - 1, 0, split="val")
@@ -361,12 +367,21 @@ class Trainer:
         exchange = self.replica.exchange
         if exchange is not None and self.global_step % exchange.every:
             self.replica.average_now()
+        self.average_statistics()
         state = self.state_dict()
         if self.dist.is_main:  # the step loop pays for a host copy; a thread writes it to disk
             host = to_host(state)
             self.writer.submit(lambda: self.ckpt.save(host, epoch_done, is_best))
             if not epoch_done:
                 print0(self.dist, f"checkpoint at epoch {self.epoch + 1}, step {self.step}: {self.ckpt.last}")
+
+    def average_statistics(self) -> None:
+        """Batch norm's per-process running statistics averaged over the processes holding the same layers
+        before validation and checkpoints, so that neither depends on the rank that evaluates or writes
+        (a run that saves at the same steps does the same, so resuming stays exact)."""
+        peers = self.dist.data_peers
+        data = Comm(peers.group, peers.rank, peers.size, before=self.heartbeat.arrive) if self.replica.ddp else None
+        average_statistics(self.model, data)
 
     def wait_for_writer(self) -> None:
         """Rank 0 finishes writing the previous checkpoint; the other replicas wait for it here, at a

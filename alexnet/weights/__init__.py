@@ -23,6 +23,11 @@ caffe          BVLC's ``.caffemodel`` (protobuf NetParameter,    caffe (mapping)
                Caffe's LRN (``model.lrn: caffe``)
 =============  ================================================  ====================  ====================
 
+``alexnet_bn`` (batch norm) lives in our checkpoints, weights files and plain state dicts (``--arch
+alexnet_bn``) only: the Theano files, BVLC's nets and torchvision's hold no batch-norm statistics, so
+the Theano export, a ``.caffemodel`` with a BatchNorm layer and ``--arch alexnet_bn`` on the others are
+refused in one line.
+
 Beside them: ``common`` (FormatError, safe .npy reading, strict loading, width and crop inference:
 what every format uses), ``mean_image`` (mean image files for evaluation: .npy, Caffe's .binaryproto),
 ``convert`` (Theano epochs <-> our files, Caffe models -> our checkpoints, for scripts/convert_weights.py),

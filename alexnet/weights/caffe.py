@@ -106,6 +106,11 @@ def _pattern(arch: str) -> list[tuple[str, str | None, nn.Module]]:
 def _match(path, layers: list[CaffeLayer], arch: str | None) -> tuple[str, list[tuple[CaffeLayer, nn.Module]]]:
     """The arch whose layer sequence the file's computing layers follow, and each layer's module."""
     computing = [layer for layer in layers if layer.type not in _PASSED_OVER]
+    bn = next((layer for layer in computing if layer.type == "BatchNorm"), None)
+    if bn is not None:  # e.g. NVCaffe's models/alexnet_bn: our alexnet_bn, whose statistics are not read here
+        raise FormatError(f"{path}: layer {bn.index} {bn.name!r} is a BatchNorm: batch-norm nets (NVCaffe's "
+                          "AlexNet-BN, our alexnet_bn) are not read from .caffemodel files, only BVLC AlexNet "
+                          "and CaffeNet")
     best = None
     for candidate in ARCHS if arch is None else (arch,):
         pattern = _pattern(candidate)

@@ -154,6 +154,8 @@ def _state_source(obj: dict, path, arch: str | None, dropout_style: str | None) 
     if "features.0.weight" in state:
         raise FormatError(f"{path} holds torchvision AlexNet weights (arch owt: other layers, no LRN, no groups); "
                           "the Theano network is caffenet")
+    if any(k.endswith(".running_mean") for k in state):  # batch-norm statistics: an alexnet_bn state dict
+        arch = "alexnet_bn"
     if arch is None:
         raise FormatError(f"{path} is a plain state_dict: its keys fit alexnet and caffenet, which differ in "
                           "layer order; pass --arch caffenet if it is one")
@@ -166,6 +168,9 @@ def _state_source(obj: dict, path, arch: str | None, dropout_style: str | None) 
 def _check_exportable(path, arch: str, asked: str | None) -> None:
     if asked is not None and asked != arch:
         raise FormatError(f"{path} is a checkpoint of arch {arch!r}, not {asked!r}; omit --arch")
+    if arch == "alexnet_bn":  # its running statistics have no place in the Theano files
+        raise FormatError(f"{path} holds arch 'alexnet_bn' (batch norm): only caffenet is the Theano network, "
+                          "whose files hold no batch-norm statistics; alexnet_bn cannot be exported to Theano")
     if arch != "caffenet":
         raise FormatError(f"{path} holds arch {arch!r}; only caffenet is the Theano network (conv, ReLU, max-pool, "
                           "then LRN): alexnet normalises before pooling and owt has other layers, so their "

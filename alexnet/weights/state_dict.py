@@ -1,5 +1,6 @@
-"""Plain state dicts of our ``alexnet`` / ``caffenet`` (features.conv1.weight ...): both archs have the
-same keys in another layer order, so the arch must be named; crop and width come from the shapes."""
+"""Plain state dicts of our ``alexnet`` / ``caffenet`` / ``alexnet_bn`` (features.conv1.weight ...): the
+first two have the same keys in another layer order, so the arch must be named (alexnet_bn's batch-norm
+statistics are told apart, and refused under another arch); crop and width come from the shapes."""
 from __future__ import annotations
 
 from torch import nn
@@ -23,8 +24,13 @@ def is_state_dict(path, contents: Contents) -> bool:
 
 
 def read_state_dict(path, contents: Contents, arch: str | None, width: float | None) -> tuple[nn.Module, dict]:
-    """load_weights for a plain alexnet/caffenet state dict (`arch` required)."""
+    """load_weights for a plain alexnet/caffenet/alexnet_bn state dict (`arch` required)."""
     state = unwrap_state(path, contents())
+    bn = any(k.endswith(".running_mean") for k in state)
+    if bn and arch != "alexnet_bn":  # batch-norm statistics: only alexnet_bn has them
+        other = f", not {arch}" if arch else ""
+        raise FormatError(f"{path} holds batch-norm statistics (features.bn2.running_mean ...): a state_dict of "
+                          f"our alexnet_bn{other}; pass --arch alexnet_bn")
     if arch is None:
         raise FormatError(f"{path} is a state_dict of our alexnet or caffenet (the same keys, a different "
                           "layer order): pass --arch alexnet or --arch caffenet")

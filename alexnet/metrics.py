@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from pathlib import Path
 
 import torch
@@ -51,25 +52,51 @@ class Meter:
 
 
 class MetricsLog:
-    """``metrics.jsonl`` (one JSON object per record, flushed) and TensorBoard scalars if available."""
+    """``metrics.jsonl`` (one JSON object per record, flushed) and TensorBoard scalars if available.
 
-    def __init__(self, run_dir: str | os.PathLike, tensorboard: bool = True):
-        self.path = Path(run_dir) / "metrics.jsonl"
+    A record cut short (kill -9, a full disk) leaves a last line without its newline; it is dropped
+    when the file is opened, so the next record never merges with it.
+    """
+
+    def __init__(self, run_dir: str | os.PathLike, tensorboard: bool = True, say=print):
+        self.path, self.say = Path(run_dir) / "metrics.jsonl", say
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        self._file = open(self.path, "a")
+        self._drop_cut_short()
+        self._file = open(self.path, "a", encoding="utf-8")
         self._tb = _tensorboard_writer(Path(run_dir) / "tb") if tensorboard else None
 
-    def truncate_after(self, global_step: int) -> None:
-        """Drop records past `global_step` (written after the checkpoint a run resumes from)."""
+    def _drop_cut_short(self) -> None:
+        try:
+            data = self.path.read_bytes()
+        except FileNotFoundError:
+            return
+        if data and not data.endswith(b"\n"):
+            keep = data.rfind(b"\n") + 1
+            os.truncate(self.path, keep)
+            self.say(f"{self.path}: dropped its last record, cut short by an earlier run ({len(data) - keep} bytes "
+                     "without a line end)")
+
+    def start_over(self) -> Path | None:
+        """A run that starts from no checkpoint: earlier records (of a run that died before its first
+        checkpoint) move to metrics.prev-N.jsonl, returned, so that no step is recorded twice."""
+        if self.path.stat().st_size == 0:
+            return None
         self._file.close()
-        lines = self.path.read_text().splitlines(keepends=True)
-        if lines and not lines[-1].endswith("\n"):  # a record cut short (kill -9, full disk): never trusted
-            lines.pop()
-        keep = [line for line in lines if line.strip() and json.loads(line)["iter"] <= global_step]
+        numbers = [int(m.group(1)) for p in self.path.parent.iterdir() if (m := _PREVIOUS.match(p.name))]
+        kept = self.path.with_name(f"metrics.prev-{max(numbers, default=0) + 1}.jsonl")
+        os.replace(self.path, kept)
+        self._file = open(self.path, "a", encoding="utf-8")
+        return kept
+
+    def truncate_after(self, global_step: int) -> None:
+        """Drop records past `global_step` (written after the checkpoint a run resumes from), and damaged
+        lines (each named)."""
+        self._file.close()
+        keep = [line for line in _lines(self.path, self.say) if line[1]["iter"] <= global_step]
         tmp = self.path.with_name(f".{self.path.name}.tmp")
-        tmp.write_text("".join(keep))
+        tmp.write_text("".join(json.dumps(record) + "\n" for _, record in keep), encoding="utf-8")
         os.replace(tmp, self.path)
-        self._file = open(self.path, "a")
+        self._file = open(self.path, "a", encoding="utf-8")
 
     def write(self, record: dict) -> None:
         self._file.write(json.dumps(record) + "\n")
@@ -83,6 +110,9 @@ class MetricsLog:
         self._file.close()
         if self._tb is not None:
             self._tb.close()
+
+
+_PREVIOUS = re.compile(r"^metrics\.prev-(\d+)\.jsonl$")
 
 
 def _tensorboard_writer(log_dir: Path):
@@ -101,6 +131,40 @@ def without_wall_clock(records: list[dict]) -> list[dict]:
     return [{k: v for k, v in r.items() if k not in WALL_CLOCK} for r in records]
 
 
-def read_metrics(path: str | os.PathLike) -> list[dict]:
-    """All records of a metrics.jsonl."""
-    return [json.loads(line) for line in Path(path).read_text().splitlines() if line.strip()]
+def read_metrics(path: str | os.PathLike, warn=None) -> list[dict]:
+    """All records of a metrics.jsonl. A damaged line (not UTF-8, not a JSON object with an integer
+    `iter`, cut short) is a ValueError naming the file and line, or, given `warn`, skipped and named
+    through it."""
+    return [record for _, record in _lines(Path(path), warn)]
+
+
+def _lines(path: Path, warn) -> list[tuple[int, dict]]:
+    """(line number, record) of every good line of `path`; see read_metrics."""
+    out = []
+    for number, raw in enumerate(path.read_bytes().splitlines(keepends=True), 1):
+        if not raw.strip():
+            continue
+        problem = _damage(raw)
+        if problem is None:
+            out.append((number, json.loads(raw)))
+            continue
+        message = f"{path}: line {number} is damaged ({problem}); skipped"
+        if warn is None:
+            raise ValueError(message.removesuffix("; skipped"))
+        warn(message)
+    return out
+
+
+def _damage(raw: bytes) -> str | None:
+    """What is wrong with one line of a metrics.jsonl, or None."""
+    if not raw.endswith(b"\n"):
+        return "cut short: no line end"
+    try:
+        record = json.loads(raw.decode("utf-8"))
+    except UnicodeDecodeError:
+        return "not UTF-8 text"
+    except ValueError:
+        return "not JSON"
+    if not isinstance(record, dict) or not isinstance(record.get("iter"), int):
+        return "not a record: a JSON object with an integer iter"
+    return None

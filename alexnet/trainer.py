@@ -401,6 +401,10 @@ class Trainer:
         """Continue from the run's newest loadable checkpoint, else from run.resume_from if set."""
         state, path = self._resume_state()
         if state is None:
+            kept = self.log.start_over() if self.log is not None else None
+            if kept is not None:
+                print(f"metrics.jsonl held records of an earlier start that left no checkpoint: kept as {kept}",
+                      flush=True)
             return
         if state.get("kind") != CHECKPOINT_KIND:
             raise DataError(f"{path} is not a training checkpoint of this repository")

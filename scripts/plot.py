@@ -10,7 +10,6 @@ install it and exits 0. Exit code 2: a run directory without metrics.jsonl or wi
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 from pathlib import Path
@@ -41,10 +40,7 @@ def val_curve(run: Path) -> list[dict]:
     path = run / "metrics.jsonl"
     if not path.is_file():
         raise PlotError(f"{run}: no metrics.jsonl (not a run directory of train.py?)")
-    try:
-        records = read_metrics(path)
-    except json.JSONDecodeError as e:
-        raise PlotError(f"{path}: not valid JSON lines ({e})") from None
+    records = read_metrics(path, warn=lambda message: print(f"plot.py: warning: {message}", file=sys.stderr))
     val = [r for r in records if r.get("split") == "val" and "top1_err" in r]
     if not val:
         raise PlotError(f"{path}: no validation records yet (validation runs at the end of an epoch)")

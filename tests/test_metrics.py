@@ -156,3 +156,57 @@ def test_sums_stay_on_the_meters_device():
             return torch.tensor([1.0, 2.0, 3.0, 4.0], dtype=torch.float64)
     meter.add(Elsewhere())
     assert calls == [((torch.device("cpu"), torch.float64), {})] and meter.sums.tolist() == [1.0, 2.0, 3.0, 4.0]
+
+
+def test_a_record_cut_short_never_merges_with_the_next_run(tmp_path):
+    """Disk full in epoch 1: the last record lacks its line end; the next run's first record used to be
+    appended to it, one line that no later resume could read."""
+    path = tmp_path / "metrics.jsonl"
+    path.write_bytes(b'{"split": "train", "iter": 1, "loss": 2.0}\n{"split": "train", "iter": 2, "lo')
+    said = []
+    log = MetricsLog(tmp_path, tensorboard=False, say=said.append)
+    log.write({"split": "train", "iter": 1, "loss": 3.0})
+    log.close()
+    assert path.read_bytes() == b'{"split": "train", "iter": 1, "loss": 2.0}\n{"split": "train", "iter": 1, "loss": 3.0}\n'
+    assert said == [f"{path}: dropped its last record, cut short by an earlier run (33 bytes without a line end)"]
+
+
+def test_damaged_lines_are_named_or_skipped_with_their_line(tmp_path):
+    path = tmp_path / "metrics.jsonl"
+    path.write_bytes(b'{"split": "train", "iter": 1}\n{"split": "tr\xe9in"}\n[1, 2]\n{"split": "val", "iter": 3}\n'
+                     b'not json\n{"split": "val", "iter": 4}')
+    with pytest.raises(ValueError, match=r"metrics.jsonl: line 2 is damaged \(not UTF-8 text\)$"):
+        read_metrics(path)
+    warnings = []
+    assert [r["iter"] for r in read_metrics(path, warn=warnings.append)] == [1, 3]
+    assert [w.split(": ", 1)[1] for w in warnings] == [
+        "line 2 is damaged (not UTF-8 text); skipped",
+        "line 3 is damaged (not a record: a JSON object with an integer iter); skipped",
+        "line 5 is damaged (not JSON); skipped", "line 6 is damaged (cut short: no line end); skipped"]
+
+
+def test_a_resume_trims_past_damaged_lines_without_a_traceback(tmp_path):
+    path = tmp_path / "metrics.jsonl"
+    path.write_bytes(b'{"split": "train", "iter": 1}\n{"split": "train", "iter": 2}{"split": "train", "iter": 1}\n'
+                     b'{"split": "train", "iter": 3}\n')
+    said = []
+    log = MetricsLog(tmp_path, tensorboard=False, say=said.append)
+    log.truncate_after(2)
+    log.close()
+    assert read_metrics(path) == [{"split": "train", "iter": 1}]
+    assert said == [f"{path}: line 2 is damaged (not JSON); skipped"]
+
+
+def test_a_fresh_start_keeps_the_records_of_a_start_that_left_no_checkpoint(tmp_path):
+    path = tmp_path / "metrics.jsonl"
+    path.write_text('{"split": "train", "iter": 1}\n')
+    log = MetricsLog(tmp_path, tensorboard=False)
+    assert log.start_over() == tmp_path / "metrics.prev-1.jsonl"
+    log.write({"split": "train", "iter": 1, "loss": 1.0})
+    log.close()
+    assert read_metrics(path) == [{"split": "train", "iter": 1, "loss": 1.0}]
+    log = MetricsLog(tmp_path, tensorboard=False)
+    assert log.start_over() == tmp_path / "metrics.prev-2.jsonl"
+    assert log.start_over() is None  # nothing to keep
+    log.close()
+    assert read_metrics(tmp_path / "metrics.prev-1.jsonl") == [{"split": "train", "iter": 1}]

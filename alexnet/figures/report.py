@@ -10,6 +10,7 @@ import base64
 import html
 import os
 import re
+import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -59,10 +60,7 @@ def read_run(root: str | os.PathLike) -> Run:
     metrics = root / "metrics.jsonl"
     if not metrics.is_file():
         raise ReportError(f"{metrics}: missing (not a run directory of train.py, or not started yet)")
-    try:
-        records = read_metrics(metrics)
-    except ValueError as e:
-        raise ReportError(f"{metrics}: not valid JSON lines ({e})") from None
+    records = read_metrics(metrics, warn=lambda message: print(f"warning: {message}", file=sys.stderr))
     if not curves.split_records(records, "val"):
         raise ReportError(f"{metrics}: no validation record yet (validation runs at the end of an epoch)")
     folder = root / "checkpoints"

@@ -1,0 +1,39 @@
+"""CI runs every oracle: `make test` installs requirements-test.txt and sets ALEXNET_ORACLES_REQUIRED, and
+there a test that skips for a missing oracle fails (tests/conftest.py), instead of passing over it."""
+from __future__ import annotations
+
+import os
+
+import pytest
+
+
+def _judged(reason: str, required: bool, monkeypatch) -> pytest.TestReport:
+    """A skipped test's report after conftest's hook, with ALEXNET_ORACLES_REQUIRED set or not."""
+    from tests import conftest
+    if required:
+        monkeypatch.setenv("ALEXNET_ORACLES_REQUIRED", "1")
+    else:
+        monkeypatch.delenv("ALEXNET_ORACLES_REQUIRED", raising=False)
+    report = pytest.TestReport("tests/test_x.py::test_x", ("tests/test_x.py", 1, "test_x"), {}, "skipped",
+                               ("tests/test_x.py", 2, f"Skipped: {reason}"), "call")
+    hook = conftest.pytest_runtest_makereport(item=None, call=None)
+    next(hook)
+    with pytest.raises(StopIteration):
+        hook.send(type("Outcome", (), {"get_result": lambda self: report})())
+    return report
+
+
+def test_a_skip_for_a_missing_oracle_fails_where_oracles_are_required(monkeypatch):
+    missing = "could not import 'cv2': No module named 'cv2'"
+    assert _judged(missing, True, monkeypatch).outcome == "failed"
+    assert "an oracle test skipped where the oracles are required" in _judged(missing, True, monkeypatch).longrepr
+    assert _judged("this OpenCV has no Caffe importer (dropped in 5.x)", True, monkeypatch).outcome == "failed"
+    assert _judged(missing, False, monkeypatch).outcome == "skipped"  # a developer's machine: a skip
+    assert _judged("needs CUDA", True, monkeypatch).outcome == "skipped"  # not an oracle
+
+
+@pytest.mark.skipif(not os.environ.get("ALEXNET_ORACLES_REQUIRED"), reason="only where make test installed them")
+def test_the_oracles_are_there():
+    import cv2
+    import tensorboard  # noqa: F401
+    assert cv2.__version__.startswith("4.") and hasattr(cv2.dnn, "readNetFromCaffe")

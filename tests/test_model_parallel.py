@@ -43,7 +43,13 @@ def _check_layout(comm: Comm, mode: str, arch: str, path: str) -> None:
     logits = net(x)
     (F.cross_entropy(logits, y) / world).backward()  # each member's share of the group's mean loss
     net.sync_model_group()
-    mine = ({k: p.grad for k, p in net.named_parameters()}, logits.detach())
+    # Evaluation's last batches are uneven, one of them empty: members hold 2, 0, 3, 1 ... rows (fc)
+    rows = [(2, 0, 3, 1)[m % 4] for m in range(world)] if mode == "fc" else [images] * world
+    net.eval()
+    with torch.no_grad():
+        start = sum(rows[:rank]) if mode == "fc" else 0
+        eval_logits = net(x_all[start:start + rows[rank]])
+    mine = ({k: p.grad for k, p in net.named_parameters()}, logits.detach(), eval_logits)
     pieces = [None] * world
     dist.all_gather_object(pieces, mine, group=comm.group)
     if rank == 0:
@@ -53,7 +59,11 @@ def _check_layout(comm: Comm, mode: str, arch: str, path: str) -> None:
         F.cross_entropy(ref_logits, y_all).backward()
         grads = net.assemble([p[0] for p in pieces])
         logits = torch.cat([p[1] for p in pieces]) if mode == "fc" else pieces[0][1]
-        torch.save({"logits": (logits, ref_logits.detach()),
+        uneven = torch.cat([p[2] for p in pieces]) if mode == "fc" else pieces[0][2]
+        with torch.no_grad():
+            ref.eval()
+            ref_uneven = ref(x_all[:sum(rows)] if mode == "fc" else x_all)
+        torch.save({"logits": (logits, ref_logits.detach()), "uneven": (uneven, ref_uneven),
                     "grads": {k: (grads[k], p.grad) for k, p in ref.named_parameters()}}, path)
 
 
@@ -84,6 +94,8 @@ def test_parts_compute_the_single_device_function(members, mode, arch, world):
     got = torch.load(members / f"{mode}-{arch}-{world}.pt", weights_only=True)
     logits, ref = got["logits"]
     assert logits.shape == ref.shape and ((logits - ref).norm() / ref.norm()) <= 1e-5
+    uneven, ref = got["uneven"]  # evaluation with members holding different numbers of rows, one none
+    assert uneven.shape == ref.shape and ((uneven - ref).norm() / ref.norm()) <= 1e-5
     for key, (g, want) in got["grads"].items():
         assert g.shape == want.shape and ((g - want).norm() / want.norm()) <= 1e-5, key
 

@@ -24,6 +24,7 @@ in the batch statistics, so averaging them now and then gives the same averages 
 """
 from __future__ import annotations
 
+import inspect
 import os
 import secrets
 from pathlib import Path
@@ -246,6 +247,9 @@ class WeightExchange:
         self.impl.close()
 
 
+_DDP_ARGS = frozenset(inspect.signature(torch.nn.parallel.DistributedDataParallel.__init__).parameters)
+
+
 def wrap_gradients(model: nn.Module, device: torch.device, bucket_mb: float, comm: Comm | None = None) -> nn.Module:
     """DistributedDataParallel over `comm`'s group (default: the whole world): gradients averaged in
     buckets of `bucket_mb`, each bucket's all-reduce launched as soon as its gradients are ready, so it
@@ -260,11 +264,13 @@ def wrap_gradients(model: nn.Module, device: torch.device, bucket_mb: float, com
     ids = [device.index] if device.type == "cuda" else None
     if comm is not None:
         comm.arrive()  # DDP's constructor checks the shapes and broadcasts the parameters
-    # broadcast_buffers=False: batch norm's running statistics stay per replica (as Caffe's); DDP's default
-    # would overwrite them with rank 0's before every forward. They are averaged before validation and
-    # checkpoints instead (average_buffers).
+    # Batch norm's running statistics stay per replica (as Caffe's); DDP's default would overwrite them with
+    # rank 0's before every forward. They are averaged before validation and checkpoints instead
+    # (average_buffers). torch 2.13 renamed the switch (and warns about the old name); the init sync the new
+    # one keeps is harmless: every replica starts from the same statistics.
+    no_sync = {"forward_sync_buffers": False} if "forward_sync_buffers" in _DDP_ARGS else {"broadcast_buffers": False}
     ddp = DDP(model, device_ids=ids, bucket_cap_mb=bucket_mb, gradient_as_bucket_view=True,
-              process_group=comm.group if comm is not None else None, broadcast_buffers=False)
+              process_group=comm.group if comm is not None else None, **no_sync)
     if comm is None:
         return ddp
 

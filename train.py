@@ -11,8 +11,10 @@
 The run directory (run.dir) receives config.yaml (the resolved config; a different earlier one is kept as
 config.prev-N.yaml), metrics.jsonl, tb/ (TensorBoard, if installed), checkpoints/ (last.pt, best.pt,
 epoch_NNN.pt) and .lock (held while a run uses the directory: a second run into it is refused).
-Re-running the same command resumes from checkpoints/last.pt, mid-epoch included. Ctrl-C (or SIGTERM)
-writes a checkpoint and stops.
+Re-running the same command resumes from checkpoints/last.pt, mid-epoch included. Ctrl-C (or SIGTERM, or
+SIGHUP: the terminal closed, ssh dropped; unless ignored, as under nohup) writes a checkpoint and stops. A
+standard output that goes away (`| head`, a closed terminal) stops the output, not the training: one line
+on stderr says so, and the run goes on to its end.
 Exit codes: 0 done, 1 failed (e.g. the loss became NaN, disk full), 2 bad config, data or path (e.g. run.dir
 read-only or in use by another run), 128+N stopped by signal N (130: Ctrl-C before training started).
 """
@@ -25,6 +27,7 @@ import signal
 import sys
 
 from alexnet.checkpoint import CheckpointError
+from alexnet.cli import protect_streams
 from alexnet.config import Config, ConfigError, load_config, summary
 from alexnet.distributed import StartError, print0, setup, teardown
 from alexnet.launch import launch_local, report_gave_up
@@ -48,14 +51,16 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 
 def install_signal_handlers(stop: StopFlag) -> None:
-    """First Ctrl-C/SIGTERM: checkpoint at the next step and stop; a second one: stop at once."""
+    """First Ctrl-C/SIGTERM/SIGHUP: checkpoint at the next step and stop; a second one: stop at once.
+    SIGHUP ignored (nohup) stays ignored: such a run is meant to outlive its terminal."""
     def handler(signum, frame):
         if stop.requested:
             raise KeyboardInterrupt
         stop.request(signum)
         print(f"\n{signal.Signals(signum).name}: stopping after this step (checkpoint first)", file=sys.stderr)
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(sig, handler)
+    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+        if sig != signal.SIGHUP or signal.getsignal(sig) != signal.SIG_IGN:
+            signal.signal(sig, handler)
 
 
 def run_replica(cfg: Config, config_path: str) -> int:
@@ -140,4 +145,6 @@ def exit_process(code: int) -> None:
 
 
 if __name__ == "__main__":
+    protect_streams("train.py", "standard output is gone (closed, or its reader went away): the output stops "
+                                "there, the training goes on")
     exit_process(main())

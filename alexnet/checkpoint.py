@@ -9,8 +9,11 @@ from __future__ import annotations
 
 import errno
 import os
+import pickle
 import re
 import threading
+import warnings
+import zipfile
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -21,6 +24,11 @@ from data.fsutil import os_error_in, os_error_message
 
 CHECKPOINT_KIND = "alexnet-checkpoint"  # the "kind" key of a training checkpoint
 EPOCH_FILE = re.compile(r"^epoch_(\d+)\.pt$")
+# torch.save stores tensors uncompressed: a zip whose members declare more than this many times the file's
+# size (plus a MiB for tiny files) is not torch's, and torch.load would inflate it whole (2 MB -> 2.3 GB seen).
+MAX_INFLATION = 10
+# The weights-only unpickler's refusal; its text goes on to advise weights_only=False, never passed on.
+_REFUSED_GLOBAL = re.compile(r"Unsupported global: GLOBAL ([\w.]+)")
 
 
 class CheckpointError(RuntimeError):
@@ -112,40 +120,93 @@ def _link_atomic(src: Path, dst: Path) -> None:
     os.replace(tmp, dst)
 
 
-def load(path: str | os.PathLike, map_location: str | torch.device = "cpu") -> dict:
-    """Load a checkpoint or state dict safely; CheckpointError names the file on any failure."""
+def load(path: str | os.PathLike, map_location: str | torch.device = "cpu", mmap: bool = False) -> dict:
+    """Load a checkpoint or state dict safely: CheckpointError names the file if it is not one (damaged,
+    another format, code or objects in it, a zip that would inflate far past its size); the OSError of a
+    file that cannot be read (permission denied, I/O error), naming it. `mmap`: tensors memory-mapped,
+    not read, where the file allows it (a few small entries of a large file)."""
     path = Path(path)
     if not path.is_file():
         raise CheckpointError(f"{path}: no such checkpoint or weights file")
     try:
-        obj = torch.load(path, map_location=map_location, weights_only=True)
+        check_inflation(path)
+        with warnings.catch_warnings():  # torch's notes on a file's pickle protocol: not for the user
+            warnings.simplefilter("ignore")
+            obj = _torch_load(path, map_location, mmap)
+    except OSError as e:  # the operating system's refusal: not the file's fault
+        raise OSError(e.errno, e.strerror, str(path)) from None
+    except CheckpointError:
+        raise
     except Exception as e:  # truncated zip, pickle with code in it, wrong format: all mean "unusable"
-        raise CheckpointError(f"{path}: cannot be loaded as weights ({type(e).__name__}: {e})") from None
+        raise CheckpointError(_unusable(path, e)) from None
     if not isinstance(obj, dict):
         raise CheckpointError(f"{path}: expected a dict (checkpoint or state_dict), got {type(obj).__name__}")
     return obj
 
 
-def compare_checkpoints(a: str | os.PathLike, b: str | os.PathLike) -> dict:
-    """Two training checkpoints' weights and velocities: {"weights", "velocities"}: the max over tensors
-    of ||a - b|| / ||b|| (in float64), and "bitwise": whether every tensor is equal.
+def _torch_load(path: Path, map_location, mmap: bool):
+    if mmap:
+        try:
+            return torch.load(path, map_location=map_location, weights_only=True, mmap=True)
+        except RuntimeError:  # a file of torch's legacy (non-zip) format cannot be mapped
+            pass
+    return torch.load(path, map_location=map_location, weights_only=True)
 
-    A velocity is a small difference of large terms, so its relative difference shows the weights'
-    float noise magnified. ValueError if the two hold different tensors.
+
+def check_inflation(path: Path) -> None:
+    """CheckpointError if `path` is a zip whose members declare more than MAX_INFLATION x its size (read
+    from its central directory: nothing is inflated)."""
+    try:
+        with zipfile.ZipFile(path) as z:
+            declared = sum(info.file_size for info in z.infolist())
+    except (zipfile.BadZipFile, ValueError, EOFError, RuntimeError):  # not a zip: torch's legacy format, or junk
+        return
+    size = path.stat().st_size
+    if declared > MAX_INFLATION * size + 2**20:
+        raise CheckpointError(f"{path}: a zip of {size} bytes whose members would inflate to {declared} bytes, "
+                              f"over {MAX_INFLATION} times its size: not a file torch.save wrote (it stores tensors "
+                              "uncompressed); refused before inflating it")
+
+
+def _unusable(path: Path, e: Exception) -> str:
+    """Why torch.load refused `path`, in one line; never torch's advice to retry with weights_only=False
+    (which would run whatever code the file holds)."""
+    text = str(e)
+    if "weights_only" in text or isinstance(e, pickle.UnpicklingError):
+        found = _REFUSED_GLOBAL.search(text)
+        what = f" (it names {found.group(1)})" if found else ""
+        return (f"{path}: cannot be loaded as weights: it holds code or objects that are not plain weights{what}, "
+                "or is not a weights file at all; refused (a weights file is never unpickled)")
+    first = text.strip().splitlines()[0] if text.strip() else ""
+    return f"{path}: cannot be loaded as weights ({type(e).__name__}: {first[:200]})"
+
+
+def compare_checkpoints(a: str | os.PathLike, b: str | os.PathLike) -> dict:
+    """Two training checkpoints' weights and optimizer states: {"weights", "velocities"}: the max over
+    tensors of ||a - b|| / ||b|| (in float64), "state": that max per state key, and "bitwise": whether
+    every tensor is equal.
+
+    "velocities" covers every per-parameter optimizer state tensor, whatever the optimizer: SGD's and
+    LARS's velocity, LAMB's moments (exp_avg, exp_avg_sq) and step count. A velocity is a small
+    difference of large terms, so its relative difference shows the weights' float noise magnified.
+    ValueError if the two hold different tensors.
     """
     def tensors(path) -> dict:
         state = load(path)
         return {**{("weights", k): v for k, v in state["model"].items()},
-                **{("velocities", k): v["velocity"] for k, v in state["optimizer"]["state"].items()}}
+                **{("velocities", k, name): t for k, per in state["optimizer"]["state"].items()
+                   for name, t in per.items() if isinstance(t, torch.Tensor)}}
     ta, tb = tensors(a), tensors(b)
     if ta.keys() != tb.keys() or not ta:
         raise ValueError(f"{a} and {b} hold different tensors ({len(ta)} and {len(tb)})")
-    out = {"weights": 0.0, "velocities": 0.0}
+    out, per_key = {"weights": 0.0, "velocities": 0.0}, {}
     for key, want in tb.items():
         want = want.double()
         rel = float((ta[key].double() - want).norm() / want.norm().clamp_min(1e-12))
         out[key[0]] = max(out[key[0]], rel)
-    return {**out, "bitwise": all(ta[k].equal(tb[k]) for k in tb)}
+        if key[0] == "velocities":
+            per_key[key[2]] = max(per_key.get(key[2], 0.0), rel)
+    return {**out, "state": per_key, "bitwise": all(ta[k].equal(tb[k]) for k in tb)}
 
 
 class CheckpointDir:

@@ -21,6 +21,8 @@ from typing import Any
 
 import yaml
 
+from data.text import shown
+
 
 class ConfigError(ValueError):
     """A config file or override that cannot be used; names the key."""
@@ -188,13 +190,15 @@ def _number(x: float) -> str:
 
 
 POSITIVE, NON_NEGATIVE, COUNT = Range(0, low_open=True), Range(0), Range(1)
+MAX_FLOAT = 1e30  # any float key: far beyond any setting, well inside float32 (3.4e38) when multiplied
+MAX_WIDTH = 64    # model.width: 64 x AlexNet is ~250 billion parameters; beyond, sizes overflow int64
 FRACTION, SECONDS = Range(0, 1, high_open=True), Range(0, MAX_SECONDS, low_open=True)
 # Every numeric key (list keys: each element). tests/test_config.py checks that none is missing.
 RANGES: dict[str, Range] = {
     "data.crop": COUNT, "data.shuffle_window": NON_NEGATIVE, "data.channel_mean": Range(0, 1),
     "data.channel_std": POSITIVE, "data.slots": Range(2), "data.loader_timeout": SECONDS,
     "data.val_batch_size": NON_NEGATIVE,
-    "model.width": POSITIVE, "model.dropout": FRACTION, "model.num_classes": COUNT,
+    "model.width": Range(0, MAX_WIDTH, low_open=True), "model.dropout": FRACTION, "model.num_classes": COUNT,
     "train.epochs": COUNT, "train.batch_size": COUNT, "train.lr": POSITIVE, "train.momentum": FRACTION,
     "train.weight_decay": NON_NEGATIVE, "train.bias_lr_mult": NON_NEGATIVE, "train.bias_decay_mult": NON_NEGATIVE,
     "train.lr_steps": COUNT, "train.lr_gamma": Range(0, 1, low_open=True), "train.lr_auto_threshold": FRACTION,
@@ -208,13 +212,91 @@ RANGES: dict[str, Range] = {
 }
 
 
-class DuplicateKeyError(yaml.YAMLError):
+# What a config may hold once its aliases are expanded: each scalar counts 1 + its length, each list or
+# mapping 1. configs/ count at most 181; a 313-byte alias bomb counts 10^9 (GBs of memory to build).
+MAX_EXPANDED = 100_000
+MAX_CONFIG_BYTES = 2**20  # a config file is a few kilobytes
+MAX_INT_BITS = 64  # beyond, no config number means anything (torch, numpy and timedelta overflow)
+
+
+class ConfigYAMLError(yaml.YAMLError):
+    """A YAML text a config must not be (a key given twice, an alias bomb, a number out of range); `line`
+    is where, when the message does not say it."""
+
+    def __init__(self, message: str, line: int | None = None):
+        super().__init__(message)
+        self.line = line
+
+
+class DuplicateKeyError(ConfigYAMLError):
     """A YAML mapping that states one key twice."""
 
 
+def _children(node: yaml.Node) -> list[yaml.Node]:
+    if isinstance(node, yaml.MappingNode):
+        return [n for pair in node.value for n in pair]
+    return list(node.value) if isinstance(node, yaml.SequenceNode) else []
+
+
+def expanded_size(root: yaml.Node, limit: int = MAX_EXPANDED) -> int:
+    """What the YAML node graph `root` holds with every alias expanded (a scalar counts 1 + its length, a
+    list or mapping 1), counted without expanding anything; limit + 1 once past `limit`, or if an alias
+    refers to a node that holds it (a cycle: endless)."""
+    sizes: dict[int, int] = {}
+    path: set[int] = set()  # the nodes being counted: an alias to one of them is a cycle
+    stack: list[tuple[yaml.Node, bool]] = [(root, False)]
+    while stack:
+        node, counted = stack.pop()
+        key = id(node)
+        if counted:  # every child has its size by now
+            path.discard(key)
+            sizes[key] = min(limit + 1, 1 + sum(sizes[id(c)] for c in _children(node)))
+        elif key in path:
+            return limit + 1
+        elif key not in sizes:
+            if isinstance(node, yaml.ScalarNode):
+                sizes[key] = 1 + len(node.value)
+                continue
+            path.add(key)
+            stack.append((node, True))
+            stack.extend((c, False) for c in _children(node) if id(c) not in sizes)
+    return sizes[id(root)]
+
+
 class ConfigLoader(yaml.SafeLoader):
-    """yaml.SafeLoader plus two fixes for configs: ``1e-3`` is a float (YAML 1.1 wants ``1.0e-3``, and
-    reads ``1e-3`` as a string), and a key given twice in one mapping is an error, not "the last wins"."""
+    """yaml.SafeLoader plus fixes for configs: ``1e-3`` is a float (YAML 1.1 wants ``1.0e-3``, and reads
+    ``1e-3`` as a string); a key given twice in one mapping is an error, not "the last wins"; aliases may
+    not expand past MAX_EXPANDED (anchors and merge keys ``<<: *base`` work below it); a number that no
+    int64 or float holds (``1e400`` would read as inf, a 400-digit integer overflows later) is refused."""
+
+    def get_single_node(self) -> yaml.Node | None:
+        node = super().get_single_node()
+        if node is not None and expanded_size(node) > MAX_EXPANDED:
+            raise ConfigYAMLError(f"holds more than {MAX_EXPANDED} characters of values once its aliases (*name) "
+                                  "are expanded, or an alias that contains itself (a config holds a few hundred): "
+                                  "refused")
+        return node
+
+    def construct_yaml_int(self, node: yaml.ScalarNode) -> int:
+        try:
+            value = super().construct_yaml_int(node)
+        except ValueError:  # more decimal digits than Python converts
+            value = None
+        if value is None or abs(value).bit_length() > MAX_INT_BITS:
+            raise ConfigYAMLError(f"the number {shown(node.value, 60)} is too large (a config number fits "
+                                  f"{MAX_INT_BITS} bits)", node.start_mark.line + 1)
+        return value
+
+    def construct_yaml_float(self, node: yaml.ScalarNode) -> float:
+        value = super().construct_yaml_float(node)
+        text = node.value.lower().lstrip("+-")
+        if math.isinf(value) and text != ".inf":
+            raise ConfigYAMLError(f"the number {shown(node.value, 60)} is beyond the range of a float (about 1.8e308; "
+                                  "write .inf for infinity)", node.start_mark.line + 1)
+        if value == 0 and any(c in "123456789" for c in text.split("e")[0]):
+            raise ConfigYAMLError(f"the number {shown(node.value, 60)} is too small for a float: it would read as 0",
+                                  node.start_mark.line + 1)
+        return value
 
     def construct_mapping(self, node: yaml.Node, deep: bool = False) -> dict:
         if isinstance(node, yaml.MappingNode):
@@ -230,7 +312,7 @@ class ConfigLoader(yaml.SafeLoader):
                     continue
                 if first is not None:
                     where = f"lines {first} and {line}" if first != line else f"both on line {line}"
-                    raise DuplicateKeyError(f"key {key!r} is given twice in one mapping ({where}); keep one")
+                    raise DuplicateKeyError(f"key {shown(key)} is given twice in one mapping ({where}); keep one")
                 lines[key] = line
         return super().construct_mapping(node, deep)
 
@@ -238,11 +320,17 @@ class ConfigLoader(yaml.SafeLoader):
 ConfigLoader.add_implicit_resolver(
     "tag:yaml.org,2002:float", re.compile(r"^[-+]?(?:[0-9][0-9_]*(?:\.[0-9_]*)?|\.[0-9_]+)[eE][-+]?[0-9]+$"),
     list("-+0123456789."))
+ConfigLoader.add_constructor("tag:yaml.org,2002:int", ConfigLoader.construct_yaml_int)
+ConfigLoader.add_constructor("tag:yaml.org,2002:float", ConfigLoader.construct_yaml_float)
 
 
 def read_yaml(text: str | bytes) -> Any:
-    """YAML with ConfigLoader (safe: plain data only)."""
-    return yaml.load(text, Loader=ConfigLoader)  # noqa: S506 (ConfigLoader is a SafeLoader)
+    """YAML with ConfigLoader (safe: plain data only); ConfigYAMLError, a yaml.YAMLError, for what a config
+    must not be."""
+    try:
+        return yaml.load(text, Loader=ConfigLoader)  # noqa: S506 (ConfigLoader is a SafeLoader)
+    except RecursionError:  # PyYAML composes nested lists by recursion
+        raise ConfigYAMLError("nested too deeply (a config nests a few levels)") from None
 
 
 def _sections(cfg: Config) -> dict[str, Any]:
@@ -258,35 +346,41 @@ def _coerce(key: str, value: Any, hint: Any) -> Any:
         return _coerce(key, value, next(a for a in args if a is not type(None)))
     if origin is list:
         if not isinstance(value, (list, tuple)):
-            raise ConfigError(f"{key} must be a list, got {value!r}")
+            raise ConfigError(f"{key} must be a list, got {shown(value)}")
         return [_coerce(f"{key}[{i}]", v, args[0]) for i, v in enumerate(value)]
     ok = {bool: lambda v: isinstance(v, bool),
           int: lambda v: isinstance(v, int) and not isinstance(v, bool),
           float: lambda v: isinstance(v, (int, float)) and not isinstance(v, bool),
           str: lambda v: isinstance(v, str)}[hint]
     if not ok(value):
-        raise ConfigError(f"{key} must be {hint.__name__}, got {value!r} ({type(value).__name__})")
+        raise ConfigError(f"{key} must be {hint.__name__}, got {shown(value)} ({type(value).__name__})")
     return float(value) if hint is float else value
 
 
 def apply(cfg: Config, updates: dict[str, Any], source: str) -> None:
     """Set nested `updates` ({section: {key: value}} or {"section.key": value}) onto `cfg` in place."""
     for top, value in updates.items():
-        if "." in top:
+        if isinstance(top, str) and "." in top:
             section, key = top.split(".", 1)
             apply(cfg, {section: {key: value}}, source)
             continue
         sections = _sections(cfg)
         if top not in sections:
-            raise ConfigError(f"{source}: unknown section {top!r}; valid sections: {', '.join(sections)}")
+            raise ConfigError(f"{source}: unknown section {shown(top)}; valid sections: {', '.join(sections)}")
         if not isinstance(value, dict):
-            raise ConfigError(f"{source}: {top} must be a mapping of keys, got {value!r}")
+            raise ConfigError(f"{source}: {top} must be a mapping of keys, got {shown(value)}")
         section = sections[top]
         hints = typing.get_type_hints(type(section))
         for key, v in value.items():
             if key not in hints:
-                raise ConfigError(f"{source}: unknown key {top}.{key}; valid keys of {top}: {', '.join(hints)}")
+                raise ConfigError(f"{source}: unknown key {top}.{_key(key)}; valid keys of {top}: {', '.join(hints)}")
             setattr(section, key, _coerce(f"{top}.{key}", v, hints[key]))
+
+
+def _key(key: Any) -> str:
+    """A key as typed where it is short plain text, else quoted (and bounded)."""
+    plain = isinstance(key, str) and 0 < len(key) <= 60 and key.isprintable() and key.strip() == key
+    return key if plain else shown(key)
 
 
 def get(cfg: Config, dotted: str) -> Any:
@@ -302,13 +396,16 @@ def validate(cfg: Config) -> None:
     """Value checks that types cannot express: choices, every number's range, and relations."""
     for key, allowed in CHOICES.items():
         if get(cfg, key) not in allowed:
-            raise ConfigError(f"{key} must be one of {', '.join(map(str, allowed))}, got {get(cfg, key)!r}")
+            raise ConfigError(f"{key} must be one of {', '.join(map(str, allowed))}, got {shown(get(cfg, key))}")
     for key, allowed in RANGES.items():
         for v in _numbers(get(cfg, key)):
             if not math.isfinite(v):
-                raise ConfigError(f"{key} must be a finite number, got {v!r}")
+                raise ConfigError(f"{key} must be a finite number, got {shown(v)}")
             if v not in allowed:
-                raise ConfigError(f"{key} must {allowed.describe()}, got {v!r}")
+                raise ConfigError(f"{key} must {allowed.describe()}, got {shown(v)}")
+            if isinstance(v, float) and abs(v) > MAX_FLOAT:
+                raise ConfigError(f"{key} must be at most {MAX_FLOAT:g}, got {shown(v)}: no setting is that large, "
+                                  "and it would overflow float32 once scaled (lr x bias_lr_mult, ...)")
     _validate_relations(cfg)
     if not cfg.data.root:
         raise ConfigError("data.root is not set: point it to a scripts/preprocess.py output folder")
@@ -318,7 +415,7 @@ def _validate_relations(cfg: Config) -> None:
     """Checks between keys."""
     t = cfg.train
     if any(a >= b for a, b in zip(t.lr_steps, t.lr_steps[1:])):
-        raise ConfigError(f"train.lr_steps must be increasing, got {t.lr_steps}")
+        raise ConfigError(f"train.lr_steps must be increasing, got {shown(t.lr_steps)}")
     if t.lr_policy == "cosine" and t.lr_min > t.lr:
         raise ConfigError(f"train.lr_min={t.lr_min:g} is above train.lr={t.lr:g}: cosine would raise the lr")
     if len(cfg.data.channel_mean) != 3 or len(cfg.data.channel_std) != 3:
@@ -350,24 +447,33 @@ def parse_override(text: str) -> tuple[str, Any]:
     """'train.lr=0.02' -> ('train.lr', 0.02); the value is read as YAML (lists, null, true)."""
     key, sep, raw = text.partition("=")
     if not sep or "." not in key:
-        raise ConfigError(f"override {text!r} must look like section.key=value (e.g. train.lr=0.02)")
+        raise ConfigError(f"override {shown(text, 80)} must look like section.key=value (e.g. train.lr=0.02)")
     try:
         return key.strip(), read_yaml(raw) if raw.strip() else ""
+    except ConfigYAMLError as e:
+        raise ConfigError(f"override {shown(text, 80)}: {e}") from None
     except yaml.YAMLError as e:
-        raise ConfigError(f"override {text!r}: value is not valid YAML ({e})") from None
+        raise ConfigError(f"override {shown(text, 80)}: value is not valid YAML ({e})") from None
 
 
 def _read_config_file(path: Path) -> Any:
+    if path.is_dir():
+        raise ConfigError(f"config file {path} is a directory, not a YAML file")
     if not path.is_file():
         raise ConfigError(f"config file {path} does not exist")
     try:
-        return read_yaml(path.read_bytes()) or {}
-    except DuplicateKeyError as e:
-        raise ConfigError(f"{path}: {e}") from None
-    except yaml.YAMLError as e:
-        raise ConfigError(f"{path}: not valid YAML ({e})") from None
+        text = path.read_bytes()
     except OSError as e:
         raise ConfigError(f"config file {path} cannot be read ({e.strerror})") from None
+    if len(text) > MAX_CONFIG_BYTES:
+        raise ConfigError(f"{path}: {len(text)} bytes, not a config (a config is a few kilobytes; at most "
+                          f"{MAX_CONFIG_BYTES})")
+    try:
+        return read_yaml(text) or {}
+    except ConfigYAMLError as e:
+        raise ConfigError(f"{path}: line {e.line}: {e}" if e.line else f"{path}: {e}") from None
+    except yaml.YAMLError as e:
+        raise ConfigError(f"{path}: not valid YAML ({e})") from None
 
 
 def load_config(path: str | Path | None, overrides: list[str] = ()) -> Config:

@@ -11,7 +11,8 @@ launches share one initialisation path (alexnet/distributed.py). The launcher th
   a count of those it entered so far; replicas blocked on a hung peer time out after ``parallel.timeout``,
   say so through the pipe and exit, and the launcher names the rank that fell behind (it never arrived
   where the others wait), not the one whose timeout fired first;
-- Ctrl-C / SIGTERM are forwarded once to every replica, which checkpoint together and stop.
+- Ctrl-C / SIGTERM / SIGHUP (unless ignored, as under nohup) are forwarded once to every replica, which
+  checkpoint together and stop.
 """
 from __future__ import annotations
 
@@ -31,6 +32,8 @@ ENV_LOCK_FD = "ALEXNET_RUN_LOCK_FD"  # run.dir's lock, held by the launcher and 
 _RECORD = struct.Struct("<iqb")  # rank, collectives entered, kind
 _PROGRESS, _ALIVE, _GAVE_UP = 0, 1, 2
 LIVE_EVERY = 1.0  # seconds between a replica's "alive" records
+# Stop signals passed on to the replicas (each checkpoints and exits 128 + N: a stop, not a failure).
+FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 
 
 def free_port() -> int:
@@ -171,7 +174,8 @@ class Launcher:
 
     def run(self) -> int:
         """Wait for the replicas; the exit code is theirs, or 1 if one failed."""
-        old = {s: signal.signal(s, self._forward) for s in (signal.SIGINT, signal.SIGTERM)}
+        old = {s: signal.signal(s, self._forward) for s in FORWARDED  # SIGHUP ignored: nohup, it stays so
+               if s != signal.SIGHUP or signal.getsignal(s) != signal.SIG_IGN}
         try:
             return self._watch()
         finally:
@@ -184,8 +188,7 @@ class Launcher:
         while True:
             self._read_heartbeats(0.2)
             codes = [p.poll() for p in self.procs]
-            failed = [r for r, code in enumerate(codes) if code not in (None, 0, 128 + signal.SIGINT,
-                                                                        128 + signal.SIGTERM)]
+            failed = [r for r, code in enumerate(codes) if code not in (None, 0, *(128 + s for s in FORWARDED))]
             if failed:
                 self._read_heartbeats(0)
                 first = next((r for r in failed if not self.gave_up[r]), failed[0])  # a cause before an effect

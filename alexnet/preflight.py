@@ -58,13 +58,19 @@ def check_run(cfg: Config, world: int) -> dict:
         raise DataError(f"{Path(cfg.data.root) / 'train'} holds {n} images, fewer than one global batch "
                         f"({layout.global_batch} = {layout.reader_world} x {cfg.train.batch_size}); lower "
                         "train.batch_size or parallel.replicas")
-    _check_free_space(Path(cfg.run.dir), 2 * 4 * sum(p.numel() for p in full.parameters()))
+    _check_free_space(cfg, classes, _checkpoint_bytes(full))
     return meta
 
 
-def _check_free_space(run_dir: Path, need: int) -> None:
-    """OSError(ENOSPC) if not even one checkpoint (weights and velocities, float32) fits on run.dir's disk."""
-    folder = run_dir
+def _checkpoint_bytes(model: torch.nn.Module) -> int:
+    """One checkpoint of `model`: its weights and velocities in float32."""
+    return 2 * 4 * sum(p.numel() for p in model.parameters())
+
+
+def _check_free_space(cfg: Config, classes: int, need: int) -> None:
+    """OSError(ENOSPC) if not even one checkpoint fits on run.dir's disk, saying how big it is and how much
+    is free; ConfigError naming model.width where the width is why (at width 1 it would fit)."""
+    run_dir = folder = Path(cfg.run.dir)
     while not folder.exists() and folder != folder.parent:
         folder = folder.parent
     try:
@@ -72,9 +78,24 @@ def _check_free_space(run_dir: Path, need: int) -> None:
     except OSError:
         return
     free = st.f_bavail * st.f_frsize
-    if free < need:
-        raise OSError(errno.ENOSPC, f"disk full: a checkpoint needs {need / 2**20:.1f} MiB, {free / 2**20:.1f} MiB "
-                                    "free", str(run_dir))
+    if free >= need:
+        return
+    what = (f"a checkpoint needs {_size(need)}, {_size(free)} free ({cfg.model.arch} at model.width="
+            f"{cfg.model.width:g}: weights and velocities in float32)")
+    if cfg.model.width > 1:
+        with torch.device("meta"):
+            paper = build_model(cfg.model.arch, classes, 1.0, cfg.model.dropout, cfg.data.crop, "torch")
+        if _checkpoint_bytes(paper) <= free:
+            raise ConfigError(f"model.width={cfg.model.width:g} is too wide for the disk of {run_dir}: {what}; "
+                              "lower model.width")
+    raise OSError(errno.ENOSPC, f"disk full: {what}", str(run_dir))
+
+
+def _size(n: int) -> str:
+    """Bytes in binary units: "2.5 MiB", "5.6 TiB"."""
+    units = ("B", "KiB", "MiB", "GiB", "TiB")
+    k = min(len(units) - 1, max(0, (int(n).bit_length() - 1) // 10))
+    return f"{n / 1024**k:.1f} {units[k]}"
 
 
 def check_resume(cfg: Config, meta: dict, state: dict, path: Path) -> list[str]:

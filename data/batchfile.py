@@ -166,22 +166,59 @@ def _write_contiguous(f: h5py.File, name: str, data: np.ndarray) -> None:
         dataset[lo:lo + step] = data[lo:lo + step]
 
 
+def place_index(name: str, position: int) -> int:
+    """The index a batch file listed as `name` at `position` of its split must record: the number its
+    name carries (``NNNNN.h5``, as written), else its position in meta.json's list."""
+    stem = name[:-len(BATCH_FILE_SUFFIX)] if name.endswith(BATCH_FILE_SUFFIX) else ""
+    return int(stem) if stem.isdigit() else position
+
+
 def open_batch_file(path: str | os.PathLike, expect_count: int | None = None,
-                    expect_size: int | None = None) -> h5py.File:
-    """Open a batch file (either format) for reading and check its structure; BatchFileError names the file."""
+                    expect_size: int | None = None, *, split: str | None = None,
+                    index: int | None = None) -> h5py.File:
+    """Open a batch file (either format) for reading and check its structure; BatchFileError names the file.
+
+    With `split` and `index` (its place in meta.json), the file must also record that place (and
+    `expect_count` images in its ``count``): a file is trusted by what it holds, not by its name.
+    """
     path = Path(path)
     if not path.is_file():
         raise BatchFileError(path, "batch file is missing")
     try:
         f = h5py.File(path, "r")
-    except OSError as e:
-        raise BatchFileError(path, f"corrupt or truncated batch file ({e})") from None
+    except OSError as e:  # HDF5 says why in its text: the system's errno (permission denied), or the format
+        code = _errno_of(e)
+        reason = f"cannot be read ({os.strerror(code)})" if code else f"corrupt or truncated batch file ({e})"
+        raise BatchFileError(path, reason) from None
     try:
         _check_structure(f, path, expect_count, expect_size)
+        if split is not None and index is not None:
+            check_place(f, path, split, index, expect_count)
     except BaseException:
         f.close()
         raise
     return f
+
+
+def check_place(f: h5py.File, path: Path, split: str, index: int, count: int | None) -> None:
+    """The split, index and count a file records must be those of its place: a link to another batch
+    file, or a file copied from another split or output, holds other images under the same name."""
+    found = _recorded(f)
+    want = (split, index, count if count is not None else found[2])
+    if found != want:
+        raise BatchFileError(path, f"records split {found[0]!r}, index {found[1]}, count {found[2]}, but meta.json "
+                                   f"lists it as split {want[0]!r}, index {want[1]}, count {want[2]}: another batch "
+                                   "file under this name (a link or a copy?); restore the right file, or delete it "
+                                   "and re-run scripts/preprocess.py to rewrite it")
+
+
+def _recorded(f: h5py.File) -> tuple[str | None, int | None, int | None]:
+    """(split, index, count) as the file's attributes hold them (None where missing or not that type)."""
+    split, index, count = (f.attrs.get(k) for k in ("split", "index", "count"))
+    split = split.decode(errors="replace") if isinstance(split, bytes) else split
+    return (split if isinstance(split, str) else None,
+            int(index) if isinstance(index, (int, np.integer)) else None,
+            int(count) if isinstance(count, (int, np.integer)) else None)
 
 
 def file_version(f: h5py.File) -> int:
@@ -293,9 +330,11 @@ def read_batch_file(path: str | os.PathLike) -> tuple[np.ndarray, np.ndarray, li
     return images, labels, names
 
 
-def read_file_attrs(path: str | os.PathLike) -> dict:
-    """The attributes and pixel_sum of a finished batch file (cheap: no image is read)."""
-    with open_batch_file(path) as f:
+def read_file_attrs(path: str | os.PathLike, *, split: str | None = None, index: int | None = None,
+                    count: int | None = None) -> dict:
+    """The attributes and pixel_sum of a finished batch file (cheap: no image is read); with `split` and
+    `index`, BatchFileError unless the file records that place (and `count`, if given)."""
+    with open_batch_file(path, count, split=split, index=index) as f:
         out = {k: f.attrs[k] for k in ("split", "index", "count", "image_size")}
         out["count"], out["index"], out["image_size"] = int(out["count"]), int(out["index"]), int(out["image_size"])
         out["format_version"] = file_version(f)

@@ -19,6 +19,7 @@ form (:func:`printable`) everywhere: plan digest, batch files, report.
 from __future__ import annotations
 
 import os
+import stat
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -98,6 +99,27 @@ class Listing:
         return entry.loc.display() if entry.loc is not None else f"{self.split}/{entry.name}"
 
 
+def name_problem(name: str) -> str | None:
+    """Why a source name ('/'-separated, as listed) cannot become a class or file name; None if it can.
+
+    Absolute names and '..', '.' or empty components would make classes of '..' or '' (shifting every
+    label) or name files outside the split; a backslash is another system's separator. Archives holding
+    such a member are refused (never the case in ImageNet's own archives); so is a folder file named so.
+    """
+    if not name:
+        return "is empty"
+    if name.startswith("/"):
+        return "is absolute"
+    if "\\" in name:
+        return "holds a backslash (another system's path separator)"
+    parts = name.split("/")
+    if ".." in parts:
+        return "has a '..' component"
+    if "." in parts or "" in parts:
+        return "has a '.' or empty component"
+    return None
+
+
 def is_image_name(name: str) -> bool:
     return os.path.splitext(name)[1].lower() in IMAGE_EXTS
 
@@ -129,11 +151,59 @@ def list_folder(folder: str | os.PathLike, split: str, what: str) -> Listing:
         entries.extend(_file_entry((rel / f).as_posix(), split) for f in filenames)
     entries.sort(key=lambda e: e.name)
     _escapes_unique(entries, root)
-    return Listing(str(root), split, entries, containers)
+    for e in entries:
+        problem = name_problem(e.loc.path if isinstance(e.loc, RawName) else e.name)
+        if problem:
+            raise DataError(f"{what} {root}: file {e.name!r} {problem}; rename it")
+    listing = Listing(str(root), split, [], containers)
+    listing.entries = _one_name_per_file(root, entries, listing)
+    return listing
 
 
 def _raise(e: OSError) -> None:
     raise e
+
+
+def _one_name_per_file(root: Path, entries: list[Entry], listing: Listing) -> list[Entry]:
+    """Each real file once, as the tar route reads an archive of the same tree: another name of a file
+    already listed (a hard link, or a symbolic link into the tree) and anything that is not a regular
+    file (a FIFO would hang the decoder) go to `listing.ignored` with the reason. A file's name is its
+    first non-link name in name order. One lstat per file (a stat more per symbolic link)."""
+    found, base = [], os.path.join(root, "")
+    for e in entries:
+        ident = _identity(base + (e.loc.path if isinstance(e.loc, RawName) else e.name))
+        if isinstance(ident, str):
+            listing.ignored.append({"path": listing.where(e), "reason": ident})
+        else:
+            found.append((e, *ident))
+    keep: dict[tuple[int, int], Entry] = {}
+    for e, ident, _ in sorted(found, key=lambda f: f[2]):  # stable: names in order, real files first
+        keep.setdefault(ident, e)
+    kept = []
+    for e, ident, link in found:
+        if keep[ident] is e:
+            kept.append(e)
+        else:
+            kind = "symbolic" if link else "hard"
+            listing.ignored.append({"path": listing.where(e), "reason": f"{kind} link to the same file as "
+                                    f"{keep[ident].name}: read once, under that name"})
+    return kept
+
+
+def _identity(path: str) -> tuple[tuple[int, int], bool] | str:
+    """((device, inode), is a symbolic link) of the regular file at `path`, else why it is not read."""
+    st = os.lstat(path)
+    link = stat.S_ISLNK(st.st_mode)
+    if link:
+        try:
+            st = os.stat(path)
+        except OSError as e:
+            return f"symbolic link to {printable(os.readlink(path))}, which cannot be opened ({e.strerror}): not read"
+    if not stat.S_ISREG(st.st_mode):
+        kind = "FIFO" if stat.S_ISFIFO(st.st_mode) else "socket" if stat.S_ISSOCK(st.st_mode) else "device"
+        return (f"symbolic link to {printable(os.readlink(path))}, which is not a regular file" if link else
+                f"not a regular file ({kind})") + ": not read"
+    return (st.st_dev, st.st_ino), link
 
 
 def _subfolders(root: Path, rel: Path, names: list[str], seen: dict[str, str], what: str) -> list[str]:

@@ -3,7 +3,8 @@
 ``read_meta`` parses and validates ``meta.json`` against its schema (any JSON value may be anywhere, and
 any byte may be in the file): format version, classes, image size, splits with their files and counts.
 ``check_files`` then checks what meta.json lists: every batch file present, of at least the size its
-count implies, holding images of the stated count and size; the mean image's shape and values.
+count implies, a file of its own (no two listed names one file), holding images of the stated count and
+size and recording its own split, index and count; the mean image's shape and values.
 Every failure is one DataError naming the file and what is wrong.
 """
 from __future__ import annotations
@@ -16,15 +17,11 @@ from typing import Any
 
 import numpy as np
 
-from .batchfile import READABLE_VERSIONS, BatchFileError, open_batch_file
+from .batchfile import READABLE_VERSIONS, BatchFileError, open_batch_file, place_index
 from .layouts import DataError
+from .text import shown
 
 _PLAIN_NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]*$")  # a file or split name: no path, no "..", no dotfile
-
-
-def _show(value: Any) -> str:
-    text = repr(value)
-    return text if len(text) <= 60 else text[:57] + "..."
 
 
 class _Schema:
@@ -34,7 +31,7 @@ class _Schema:
         self.path = path
 
     def fail(self, where: str, what: str, value: Any) -> DataError:
-        return DataError(f"{self.path}: {where} must be {what}, got {_show(value)}")
+        return DataError(f"{self.path}: {where} must be {what}, got {shown(value, 60)}")
 
     def int_at_least(self, value: Any, low: int, where: str) -> int:
         if not isinstance(value, int) or isinstance(value, bool) or value < low:
@@ -55,7 +52,7 @@ class _Schema:
         self.of_type(meta, dict, "the top level", "a JSON object")
         version = meta.get("format_version")
         if type(version) is not int or version not in READABLE_VERSIONS:  # not 2.0, not true
-            raise DataError(f"{self.path}: format_version {_show(version)}, this code reads "
+            raise DataError(f"{self.path}: format_version {shown(version, 60)}, this code reads "
                             f"{' and '.join(map(str, READABLE_VERSIONS))}")
         classes = self.of_type(meta.get("classes"), list, "classes", "a list of class names")
         for i, c in enumerate(classes):
@@ -114,12 +111,23 @@ def _no_constant(name: str) -> None:
     raise ValueError(f"{name} is not a JSON number")
 
 
+def npy_error(e: Exception) -> str:
+    """What np.load(allow_pickle=False) said of a file that is no plain .npy array, in one line, without
+    numpy's advice to load it unsafely: a file given to the tools is never unpickled."""
+    text = str(e).strip()
+    if "pickled" in text:
+        return "no .npy header: pickled objects or other bytes, refused (never unpickled)"
+    return text.splitlines()[0][:200] if text else type(e).__name__
+
+
 def read_mean(path: str | os.PathLike, size: int) -> np.ndarray:
     """A mean image .npy (size x size x 3, finite), as float32; DataError naming the file otherwise."""
     try:
         mean = np.load(path, allow_pickle=False)
-    except (OSError, ValueError, EOFError) as e:
-        raise DataError(f"{path}: cannot read the mean image ({e})") from None
+    except OSError as e:
+        raise DataError(f"{path}: cannot read the mean image ({e.strerror or e})") from None
+    except (ValueError, EOFError) as e:
+        raise DataError(f"{path}: cannot read the mean image ({npy_error(e)})") from None
     if mean.shape != (size, size, 3) or mean.dtype.kind not in "fiu":
         raise DataError(f"{path}: {mean.dtype} {mean.shape}, expected numbers of shape {(size, size, 3)}")
     mean = mean.astype(np.float32)
@@ -138,25 +146,42 @@ def check_files(root: str | os.PathLike, meta: dict, splits: tuple[str, ...], me
     for split in splits:
         if split not in meta["splits"]:
             raise DataError(f"{root} has no {split!r} split (has: {', '.join(meta['splits']) or 'none'})")
-        for f in meta["splits"][split]["files"]:
-            _check_batch_file(root / split / f["name"], f["count"], size)
+    listed = [(root / split / f["name"], split, place_index(f["name"], i), f["count"])
+              for split in splits for i, f in enumerate(meta["splits"][split]["files"])]
+    seen: dict[tuple[int, int], Path] = {}  # (device, inode) -> the listed file that is it
+    for path, _, _, count in listed:  # every stat first: two names of one file are named as such
+        _check_batch_file(path, count, size, seen)
+    for path, split, index, count in listed:
+        _check_place(path, split, index, count, size)
     if mean:
         read_mean(root / meta.get("mean", "mean.npy"), size)
 
 
-def _check_batch_file(path: Path, count: int, size: int) -> None:
+def _check_batch_file(path: Path, count: int, size: int, seen: dict[tuple[int, int], Path]) -> None:
+    """Present, long enough for its images, and not the same file as another listed one (the name at
+    fault is the symbolic link, if one of the two is)."""
     try:
-        have = path.stat().st_size
+        st = path.stat()
     except FileNotFoundError:
         raise DataError(f"{path}: batch file is missing (listed in meta.json)") from None
     except OSError as e:
         raise DataError(f"{path}: cannot be read ({e.strerror})") from None
     need = count * size * size * 3
-    if have < need:
-        raise DataError(f"{path}: {have} bytes, but {count} images of {size}x{size} need at least {need} "
+    if st.st_size < need:
+        raise DataError(f"{path}: {st.st_size} bytes, but {count} images of {size}x{size} need at least {need} "
                         "(truncated?)")
+    other = seen.setdefault((st.st_dev, st.st_ino), path)
+    if other != path:  # a symbolic or hard link: one file's images would be read twice, another's never
+        if other.is_symlink() and not path.is_symlink():
+            path, other = other, path
+        raise DataError(f"{path}: the same file as {other} (device {st.st_dev}, inode {st.st_ino}: a symbolic or "
+                        "hard link); each listed batch file must be a file of its own: restore it")
+
+
+def _check_place(path: Path, split: str, index: int, count: int, size: int) -> None:
+    """Its structure, and the split, index and count it records (batchfile.check_place)."""
     try:
-        open_batch_file(path, count, size).close()
+        open_batch_file(path, count, size, split=split, index=index).close()
     except BatchFileError as e:
         raise DataError(str(e)) from None
 

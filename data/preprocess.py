@@ -64,7 +64,8 @@ class Options:
 @dataclass(frozen=True)
 class Task:
     """Write one batch file from `items`: files below `src`, members of tars (checked against `stamps`,
-    archive -> (size, mtime_ns) when indexed), or bytes streamed from shards (`payload`)."""
+    archive -> (size, mtime_ns, inode, ctime_ns) when indexed, and each against its tar header), or bytes
+    streamed from shards (`payload`)."""
 
     split: str
     index: int
@@ -227,9 +228,11 @@ def exclusive(out: Path):
         yield
 
 
-def _is_done(path: Path) -> bool:
+def _is_done(task: Task) -> bool:
+    """Whether the task's file is finished: it opens cleanly and records this task's place (a file of
+    another place under its name, a link or a copy, is done again, not taken)."""
     try:
-        read_file_attrs(path)
+        read_file_attrs(task.dst, split=task.split, index=task.index)
         return True
     except BatchFileError:
         return False
@@ -270,10 +273,10 @@ def stages(todo: list[Task], budget: int) -> list[list[Task]]:
 
 def fill(window: list[Task], threads: int) -> list[Task]:
     """The window's tasks with their images' bytes, from one pass over each shard they need (in parallel)."""
-    wanted: dict[str, set[str]] = {}
+    wanted: dict[str, dict[str, tuple[int, int]]] = {}  # shard -> member -> indexed (offset, size), checked
     for t in window:
         for it in t.items:
-            wanted.setdefault(it.loc.archive, set()).add(it.loc.name)
+            wanted.setdefault(it.loc.archive, {})[it.loc.name] = (it.loc.offset, it.loc.size)
     got = dict(zip(wanted, in_threads(lambda shard, stop: collect(shard, wanted[shard], stop), list(wanted),
                                       threads)))
     return [dataclasses.replace(t, payload=tuple(got[it.loc.archive][it.loc.name] for it in t.items))
@@ -364,8 +367,9 @@ def _split_files(name: str, tasks: list[Task], versions: set[int]) -> tuple[list
     """The files of one split as meta.json lists them, their skipped sources, and their pixel sum; adds
     their format versions to `versions`."""
     files, skipped, total = [], [], None
-    for path in (Path(t.dst) for t in tasks if t.split == name):
-        attrs = read_file_attrs(path)
+    for t in (t for t in tasks if t.split == name):
+        path = Path(t.dst)
+        attrs = read_file_attrs(path, split=t.split, index=t.index)
         versions.add(attrs["format_version"])
         files.append({"name": path.name, "count": attrs["count"]})
         skipped.extend(attrs["skipped"])
@@ -422,6 +426,11 @@ def preprocess(train_dir, out, val_dir=None, val_labels=None, opts: Options = Op
         raise DataError(f"--size and --per-file must be positive (got {opts.size}, {opts.per_file})")
     if opts.resize not in RESIZE_MODES:
         raise DataError(f"--resize {opts.resize!r} is not one of {', '.join(RESIZE_MODES)}")
+    # Before anything is written: a value refused later would leave a plan.json that blocks the right command.
+    if opts.seed < 0:
+        raise DataError(f"--seed must not be negative (got {opts.seed})")
+    if workers is not None and workers < 1:
+        raise DataError(f"--workers must be positive (got {workers})")
     out = Path(out)
     check_out(out, {"train dir": as_paths(train_dir), "val dir": as_paths(val_dir)})
     cores = len(os.sched_getaffinity(0))
@@ -432,7 +441,7 @@ def preprocess(train_dir, out, val_dir=None, val_labels=None, opts: Options = Op
         remove_stale_temps(out)  # meta.json's or report.json's write cut short by a kill
         _check_plan(out, _plan_record(opts, src))
         tasks = _tasks(out, opts, src)
-        todo = [t for t in tasks if not _is_done(Path(t.dst))]
+        todo = [t for t in tasks if not _is_done(t)]
         workers = max(1, min(workers or cores, len(todo) or 1))
         budget = shard_memory or default_shard_memory()
         if not quiet:

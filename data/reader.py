@@ -31,6 +31,7 @@ from .batchfile import (
     file_version,
     find_bad_chunk,
     open_batch_file,
+    place_index,
 )
 from .fastread import BufferPool, FileLayout, PreadFile, ReadPlan, default_threads, file_ident, read_layout
 from .layouts import DataError
@@ -69,6 +70,7 @@ class SplitData:
             raise DataError(f"{self.root} has no {split!r} split (has: {', '.join(self.meta['splits'])})")
         files = self.meta["splits"][split]["files"]
         self.paths = [self.root / split / f["name"] for f in files]
+        self.places = [place_index(f["name"], i) for i, f in enumerate(files)]  # the index each file must record
         self.counts = np.array([f["count"] for f in files], dtype=np.int64)
         self.offsets = np.concatenate([[0], np.cumsum(self.counts)])
         self.image_size = int(self.meta["image_size"])
@@ -140,7 +142,9 @@ class SplitData:
         layout = self._layouts.get(i)
         if layout is not None and layout.ident == ident:
             return PreadFile(path, fd, layout)
-        f = open_batch_file(path, int(self.counts[i]), self.image_size)
+        # once per file and process: the file must record this split, index and count (not be a link to
+        # or a copy of another batch file); the per-image path below checks nothing more
+        f = open_batch_file(path, int(self.counts[i]), self.image_size, split=self.split, index=self.places[i])
         if file_version(f) == 1:
             return f
         with f:

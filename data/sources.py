@@ -27,6 +27,7 @@ from .layouts import (
     find_classes,
     is_image_name,
     list_folder,
+    name_problem,
     printable,
     val_split,
 )
@@ -44,7 +45,7 @@ class Sources:
     splits: dict[str, Split]
     class_names: list[str] | None
     subset: dict | None
-    stamps: dict[str, tuple[int, int]]  # archive -> (size, mtime_ns) when indexed
+    stamps: dict[str, tuple[int, ...]]  # archive -> its stamp (size, mtime_ns, inode, ctime_ns) when indexed
 
 
 def as_paths(spec) -> list[str]:
@@ -54,28 +55,54 @@ def as_paths(spec) -> list[str]:
     return [str(p) for p in ([spec] if isinstance(spec, (str, os.PathLike)) else spec)]
 
 
+def _shown(outer: str, inner: str | None) -> str:
+    """A member's name as messages and report.json give it: 'outer.tar:inner' inside an inner tar."""
+    return outer if inner is None else f"{outer}:{inner}"
+
+
+def _checked(archive: str, name: str | list[str]) -> tuple[str, str | None]:
+    """(outer, inner or None) of an index row's name, each part safe to become a class or file name;
+    else the archive is refused before any work (layouts.name_problem)."""
+    outer, inner = (name[0], name[1]) if isinstance(name, list) else (name, None)
+    for part in (outer, inner):
+        problem = name_problem(part) if part is not None else None
+        if problem:
+            raise DataError(f"archive {archive}: member {printable(_shown(outer, inner))!r} {problem}: such a name "
+                            "is never made a class or file name, so the archive is refused; repack it without that "
+                            "member")
+    return outer, inner
+
+
 def _tar_entries(archive: str, rows: list[list]) -> tuple[list[Entry], list[str]]:
     """Entries of an uncompressed tar: an inner '<wnid>.tar' is the class folder of its members."""
     entries, containers = [], set()
-    for name, offset, size in rows:
-        loc = TarMember(archive, name, offset, size)
-        outer, sep, inner = name.partition(":")
-        if sep:
+    for name, offset, size, header in rows:
+        outer, inner = _checked(archive, name)
+        loc = TarMember(archive, _shown(outer, inner), offset, size, header)
+        if inner is not None:
             wnid = outer.rsplit("/", 1)[-1][:-len(".tar")]
-            if printable(wnid) != wnid:
-                raise DataError(f"{loc.display()}: the class tar's name is not valid UTF-8")
+            if printable(wnid) != wnid or not wnid:
+                raise DataError(f"{loc.display()}: the class tar's name is not a valid UTF-8 wnid")
             containers.add(wnid)
             entries.append(Entry(printable(f"{wnid}/{inner}"), loc))
         else:
-            entries.append(Entry(printable(name), loc))
+            entries.append(Entry(printable(outer), loc))
     return entries, sorted(containers)
+
+
+def _not_read(archive: str, others: list[list], ignored: list[dict]) -> None:
+    """Members an archive holds but that are not read (links, devices, ...): listed with the reason."""
+    for name, reason in others:
+        outer, inner = _checked(archive, name)
+        ignored.append({"path": printable(f"{archive}:{_shown(outer, inner)}"), "reason": reason})
 
 
 def _shard_entries(archive: str, rows: list[list], ignored: list[dict]) -> list[Entry]:
     """Entries of a Hugging Face shard: member '<stem>_<wnid>.JPEG' is '<stem>.JPEG' of class wnid."""
     entries = []
-    for name, _, size in rows:
-        loc = ShardMember(archive, name, size)
+    for name, offset, size in rows:
+        _checked(archive, name)
+        loc = ShardMember(archive, name, size, offset)
         m = _HF_NAME.match(name.rsplit("/", 1)[-1])
         if m is None or not is_image_name(name):
             ignored.append({"path": loc.display(), "reason": "not an image named <stem>_<wnid>.<ext>"})
@@ -85,7 +112,7 @@ def _shard_entries(archive: str, rows: list[list], ignored: list[dict]) -> list[
 
 
 def list_source(inputs: list[str], split: str, what: str, index: SourceIndex, workers: int,
-                stamps: dict[str, tuple[int, int]]) -> Listing:
+                stamps: dict[str, tuple[int, ...]]) -> Listing:
     """The canonical listing of one split's input: a folder, or one or more archives of one kind."""
     kinds = {archive_kind(p) for p in inputs}
     if kinds == {None} and len(inputs) == 1:
@@ -99,7 +126,8 @@ def list_source(inputs: list[str], split: str, what: str, index: SourceIndex, wo
             raise ArchiveError(f"{what} {a} does not exist" if not Path(a).exists() else f"{what} {a} is not a file")
     listing = Listing(", ".join(archives), split, [])
     for a, entry in index.members(archives, workers).items():
-        stamps[a] = (entry["size"], entry["mtime_ns"])
+        stamps[a] = tuple(entry["stamp"])
+        _not_read(a, entry["others"], listing.ignored)
         if entry["kind"] == "shard":
             listing.entries += _shard_entries(a, entry["members"], listing.ignored)
         else:

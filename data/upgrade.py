@@ -27,6 +27,7 @@ from .batchfile import (
     UPGRADE_COMMAND,
     BatchFileError,
     atomic_write_json,
+    place_index,
     read_batch_file,
     read_file_attrs,
     write_batch_file,
@@ -49,13 +50,15 @@ def batch_files(root: Path) -> list[Path]:
     return sorted(p for split in SPLITS for p in (root / split).glob("[0-9]*.h5"))
 
 
-def convert_file(path: Path, version: int = FORMAT_VERSION) -> bool:
+def convert_file(path: Path, version: int = FORMAT_VERSION, place: tuple[str, int, int | None] | None = None) -> bool:
     """Rewrite one file in format `version` (atomically); False if it already was in it.
 
     Any version the reader takes can be written, so tests (and anyone going back to older code) can
-    also make format-1 files.
+    also make format-1 files. With `place` (split, index, count or None), a file that records another
+    place (a link to or a copy of another batch file) is a BatchFileError, left as it is.
     """
-    attrs = read_file_attrs(path)
+    split, index, count = place if place is not None else (None, None, None)
+    attrs = read_file_attrs(path, split=split, index=index, count=count)
     if attrs["format_version"] == version:
         return False
     images, labels, names = read_batch_file(path)  # verifies every image: never convert a corrupt one
@@ -80,10 +83,25 @@ def _finish_meta(root: Path, versions: list[int]) -> None:
             atomic_write_json(path, meta)
 
 
-def _convert_task(path: str) -> tuple[int, int, str | None]:
+def _place(path: Path, count: int | None) -> tuple[str, int, int | None] | None:
+    """What a file must record: its split folder, the index its name carries, meta.json's count (if listed)."""
+    index = place_index(path.name, -1)
+    return (path.parent.name, index, count) if index >= 0 else None
+
+
+def _listed_counts(root: Path) -> dict[str, int]:
+    """path -> count of every file meta.json lists (none without a meta.json)."""
+    try:
+        splits = json.loads((root / "meta.json").read_text())["splits"]
+        return {str(root / k / f["name"]): int(f["count"]) for k, s in splits.items() for f in s["files"]}
+    except (OSError, ValueError, KeyError, TypeError):
+        return {}
+
+
+def _convert_task(path: str, count: int | None = None) -> tuple[int, int, str | None]:
     """(converted?, images, problem) for one file; a bad file is a finding, not a crash."""
     try:
-        converted = convert_file(Path(path))
+        converted = convert_file(Path(path), place=_place(Path(path), count))
         return int(converted), read_file_attrs(path)["count"] if converted else 0, None
     except BatchFileError as e:
         return 0, 0, str(e)
@@ -95,20 +113,21 @@ def _init_worker() -> None:
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
 
 
-def _convert_all(files: list[Path], workers: int, quiet: bool) -> list[tuple[int, int, str | None]]:
+def _convert_all(files: list[Path], workers: int, quiet: bool,
+                 counts: dict[str, int]) -> list[tuple[int, int, str | None]]:
     """_convert_task of every file, in `workers` processes (in this one if 1), with a progress bar."""
     from tqdm import tqdm
     bar = tqdm(total=len(files), unit="file", desc="upgrade", disable=quiet)
     if workers <= 1:
         results = []
         for path in files:
-            results.append(_convert_task(str(path)))
+            results.append(_convert_task(str(path), counts.get(str(path))))
             bar.update()
         bar.close()
         return results
     ctx = mp.get_context("fork" if sys.platform.startswith("linux") else "spawn")
     with cf.ProcessPoolExecutor(workers, mp_context=ctx, initializer=_init_worker) as pool:
-        futures = [pool.submit(_convert_task, str(path)) for path in files]
+        futures = [pool.submit(_convert_task, str(path), counts.get(str(path))) for path in files]
         try:
             for fut in cf.as_completed(futures):
                 fut.result()  # re-raises a worker's error (disk full, ...) or BrokenProcessPool
@@ -133,7 +152,7 @@ def upgrade(root: str | Path, quiet: bool = False, workers: int = 1) -> dict:
         if not files:
             raise DataError(f"{root} holds no batch files (no meta.json and no */NNNNN.h5)")
         start = time.perf_counter()
-        results = _convert_all(files, max(1, min(workers, len(files))), quiet)
+        results = _convert_all(files, max(1, min(workers, len(files))), quiet, _listed_counts(root))
         seconds = time.perf_counter() - start
         problems = [{"path": str(path), "reason": why} for path, (_, _, why) in zip(files, results) if why]
         _finish_meta(root, [_version_or_old(path) if why else FORMAT_VERSION

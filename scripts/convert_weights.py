@@ -45,7 +45,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from alexnet.checkpoint import load, refuse_non_finite, save_atomic  # noqa: E402
-from alexnet.cli import guarded  # noqa: E402
+from alexnet.cli import guarded, protect_streams  # noqa: E402
 from alexnet.models import ARCHS  # noqa: E402
 from alexnet.weights.caffe import is_caffemodel  # noqa: E402
 from alexnet.weights.convert import caffe_checkpoint, theano_checkpoint, to_theano  # noqa: E402
@@ -169,4 +169,5 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
+    protect_streams("convert_weights.py")
     sys.exit(main())

@@ -5,7 +5,9 @@ from pathlib import Path
 # runnable from any cwd: the repository root is the parent of scripts/
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from alexnet.cli import protect_streams  # noqa: E402
 from data.synthetic import main  # noqa: E402
 
 if __name__ == "__main__":
+    protect_streams("make_synthetic.py")
     sys.exit(main())

@@ -10,16 +10,19 @@ install it and exits 0. Exit code 2: a run directory without metrics.jsonl or wi
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from alexnet.cli import interrupt_code, protect_streams, stopping_on_signals  # noqa: E402
 from alexnet.metrics import read_metrics  # noqa: E402
 
 # (seconds per unit, axis label): the largest unit in which the longest run spans at least 2 units.
 _TIME_UNITS = ((3600.0, "hours"), (60.0, "minutes"), (1.0, "seconds"))
+_PLOTTED = ("top1_err", "time", "epoch")  # what a validation record must hold as numbers to be drawn
 
 
 class PlotError(ValueError):
@@ -41,10 +44,14 @@ def val_curve(run: Path) -> list[dict]:
     if not path.is_file():
         raise PlotError(f"{run}: no metrics.jsonl (not a run directory of train.py?)")
     records = read_metrics(path, warn=lambda message: print(f"plot.py: warning: {message}", file=sys.stderr))
-    val = [r for r in records if r.get("split") == "val" and "top1_err" in r]
+    val = [r for r in records if r.get("split") == "val" and all(_number(r.get(k)) for k in _PLOTTED)]
     if not val:
         raise PlotError(f"{path}: no validation records yet (validation runs at the end of an epoch)")
     return val
+
+
+def _number(value) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
 
 def labels(runs: list[Path]) -> list[str]:
@@ -103,14 +110,19 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     out = Path(args.out) if args.out else runs[0] / "learning_curve.png"
     try:
-        out.parent.mkdir(parents=True, exist_ok=True)
-        draw(curves, out)
+        with stopping_on_signals():  # SIGTERM, SIGHUP: the temporary file is removed as for Ctrl-C
+            out.parent.mkdir(parents=True, exist_ok=True)
+            draw(curves, out)
     except (OSError, ValueError) as e:  # unwritable folder, or a suffix matplotlib has no format for
         print(f"plot.py: error: cannot write {out} ({e})", file=sys.stderr)
         return 2
+    except KeyboardInterrupt as e:
+        print(f"plot.py: interrupted; {out} not written", file=sys.stderr)
+        return interrupt_code(e)
     print(f"learning curve of {len(curves)} run(s): {out}")
     return 0
 
 
 if __name__ == "__main__":
+    protect_streams("plot.py")
     sys.exit(main())

@@ -19,7 +19,6 @@ NaN or inf; an unwritable --json), 1 a failure of the machine (disk full), 130 C
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
 
@@ -30,7 +29,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import torch  # noqa: E402
 
 from alexnet.checkpoint import refuse_non_finite  # noqa: E402
-from alexnet.cli import OneLineParser, guarded, positive  # noqa: E402
+from alexnet.cli import OneLineParser, guarded, positive, protect_streams  # noqa: E402
 from alexnet.evaluation import load_weights, predict_log_probs  # noqa: E402
 from alexnet.models import ARCHS  # noqa: E402
 from alexnet.weights.geometry import expected_geometry  # noqa: E402
@@ -39,6 +38,7 @@ from data.batchfile import atomic_write_json  # noqa: E402
 from data.classnames import read_class_names  # noqa: E402
 from data.decode import RESIZE_MODES, load_image  # noqa: E402
 from data.fsutil import check_writable  # noqa: E402
+from data.meta import read_mean, read_meta  # noqa: E402
 
 # --help's last line
 EXAMPLE = "python scripts/predict.py runs/alexnet_1gpu/checkpoints/best.pt photo.jpg --data imagenet256"
@@ -71,13 +71,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 
 def _read_data(folder: str | None) -> tuple[dict | None, Path | None]:
+    """--data's meta.json, checked as train.py and evaluate.py check it (DataError naming the file and key)."""
     if folder is None:
         return None, None
-    path = Path(folder) / "meta.json"
-    try:
-        return json.loads(path.read_text()), Path(folder)
-    except (OSError, ValueError) as e:
-        raise ValueError(f"--data {folder}: cannot read {path} ({e})") from None
+    return read_meta(folder), Path(folder)
 
 
 def class_table(info: dict, meta: dict | None, names_file: str | None) -> list[tuple[str, str]]:
@@ -86,7 +83,7 @@ def class_table(info: dict, meta: dict | None, names_file: str | None) -> list[t
     wnids = info.get("classes") or (meta or {}).get("classes")
     words: dict[str, str] = {}
     if meta and isinstance(meta.get("class_names"), list):
-        words.update(zip(meta["classes"], meta["class_names"]))
+        words.update((c, w) for c, w in zip(meta["classes"], meta["class_names"]) if isinstance(w, str))
     if names_file:
         from_file = read_class_names(names_file)
         words.update(from_file)
@@ -112,10 +109,11 @@ def _normalizer(info: dict, meta: dict | None, root: Path | None, mean_file: str
     if root is None:
         raise ValueError("these weights subtract their training set's mean image: pass --data DIR (its mean.npy) "
                          "or --mean FILE")
-    mean = np.load(root / meta.get("mean", "mean.npy"), allow_pickle=False)
+    # finite and of the data's shape: the check train.py and evaluate.py make (NaN would print "nan %")
+    mean = read_mean(root / meta.get("mean", "mean.npy"), meta["image_size"])
     if mean.shape != (size, size, 3):
         raise ValueError(f"{root}'s mean image is {mean.shape}, the images are decoded at {size}x{size}")
-    return Normalizer("image", mean.astype(np.float32), device=device)
+    return Normalizer("image", mean, device=device)
 
 
 def predict(args: argparse.Namespace) -> list[dict]:
@@ -137,6 +135,10 @@ def predict(args: argparse.Namespace) -> list[dict]:
         probs = predict_log_probs(model.to(device), torch.from_numpy(images).to(device), info["crop"], normalizer,
                                   args.crops)
     probs = probs.exp().double().cpu()
+    bad = [path for path, row in zip(args.images, probs) if not bool(torch.isfinite(row).all())]
+    if bad:  # never "nan %" with exit 0, whatever the cause
+        raise ValueError(f"{bad[0]}: the model's probabilities are NaN or inf (weights, mean image or input out "
+                         "of range): no prediction")
     top = probs.topk(min(args.top, probs.shape[1]), dim=1)
     return [{"image": str(path), "top": [{"index": int(c), "wnid": table[c][0], "name": table[c][1],
                                           "prob": float(p)} for p, c in zip(values.tolist(), indices.tolist())]}
@@ -170,4 +172,5 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
+    protect_streams("predict.py")
     sys.exit(main())

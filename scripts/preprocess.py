@@ -11,7 +11,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from alexnet.cli import protect_streams  # noqa: E402
 from data.preprocess_cli import main  # noqa: E402
 
 if __name__ == "__main__":
+    protect_streams("preprocess.py")
     sys.exit(main())

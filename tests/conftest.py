@@ -28,9 +28,9 @@ def run_script(*args: str, timeout: float = 120, env: dict | None = None, **kw) 
 
 @contextlib.contextmanager
 def signal_handlers_kept():
-    """train.py's main, called in this process, installs its Ctrl-C/SIGTERM handlers: put back the previous
+    """train.py's main, called in this process, installs its Ctrl-C/SIGTERM/SIGHUP handlers: put back the previous
     ones afterwards (module fixtures that train in-process use it too: they run outside the test's own)."""
-    saved = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
+    saved = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
     try:
         yield
     finally:
@@ -40,6 +40,14 @@ def signal_handlers_kept():
 
 @pytest.fixture(autouse=True)
 def _own_signal_handlers():
+    with signal_handlers_kept():
+        yield
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_fixture_setup(fixturedef, request):
+    """Fixtures too (module and session ones run outside any test's own): one that trains in-process left
+    train.py's handlers behind, and a later test in the same worker met them instead of the default."""
     with signal_handlers_kept():
         yield
 

@@ -80,18 +80,28 @@ def test_a_subset_of_the_table_with_planted_failures(tmp_path, monkeypatch, caps
     assert [c["verdict"] for c in json.loads(js.read_text())["cases"]] == ["OK", "SKIP"]
 
 
-def test_the_tools_get_the_default_ctrl_c_when_started_in_the_background(tmp_path, monkeypatch):
-    """A shell starts `faults.py &` with SIGINT ignored, and exec keeps an ignored signal ignored: its Ctrl-C
-    cases would judge that (exit 0 or a hang) instead of the tools."""
+def test_the_tools_get_the_default_stop_signals_when_started_in_the_background(tmp_path, monkeypatch):
+    """A shell starts `faults.py &` with SIGINT ignored, nohup with SIGHUP ignored, and exec keeps an ignored
+    signal ignored: its Ctrl-C and SIGHUP cases would judge that (exit 0 or a hang) instead of the tools."""
     import signal
     faults = load_script("faults", "tools")
-    probe = Case("sigint-default", "traceback", "the child's SIGINT disposition", 0, (), lambda work: [
-        "-c", "import signal, sys; sys.exit(0 if signal.getsignal(signal.SIGINT) is signal.default_int_handler "
-              "else 3)"])
+    probe = Case("stop-signals-default", "traceback", "the child's SIGINT and SIGHUP dispositions", 0, (),
+                 lambda work: ["-c", "import signal, sys; sys.exit(0 if signal.getsignal(signal.SIGINT) is "
+                               "signal.default_int_handler and signal.getsignal(signal.SIGHUP) == signal.SIG_DFL "
+                               "else 3)"])
     monkeypatch.setattr(faults, "CASES", [probe])
-    saved = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    saved = {s: signal.signal(s, signal.SIG_IGN) for s in (signal.SIGINT, signal.SIGHUP)}
     try:
         assert faults.main(["--work", str(tmp_path / "w"), "--json", str(tmp_path / "t.json")]) == 0
     finally:
-        signal.signal(signal.SIGINT, saved)
+        for s, handler in saved.items():
+            signal.signal(s, handler)
     assert json.loads((tmp_path / "t.json").read_text())["cases"][0]["verdict"] == "OK"
+
+
+def test_every_case_is_named_once_with_a_known_kind():
+    from tools.faultcheck.core import KINDS
+    faults = load_script("faults", "tools")
+    names = [c.name for c in faults.CASES]
+    assert len(names) == len(set(names)) and len(names) > 120
+    assert [c.name for c in faults.CASES if c.kind not in KINDS] == []

@@ -167,7 +167,8 @@ def test_a_record_cut_short_never_merges_with_the_next_run(tmp_path):
     log = MetricsLog(tmp_path, tensorboard=False, say=said.append)
     log.write({"split": "train", "iter": 1, "loss": 3.0})
     log.close()
-    assert path.read_bytes() == b'{"split": "train", "iter": 1, "loss": 2.0}\n{"split": "train", "iter": 1, "loss": 3.0}\n'
+    assert path.read_bytes() == (b'{"split": "train", "iter": 1, "loss": 2.0}\n'
+                                 b'{"split": "train", "iter": 1, "loss": 3.0}\n')
     assert said == [f"{path}: dropped its last record, cut short by an earlier run (33 bytes without a line end)"]
 
 

@@ -29,10 +29,11 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from tools.faultcheck import preprocess_cases, report, tool_cases, train_cases  # noqa: E402
+from tools.faultcheck import identity_cases, input_cases, preprocess_cases, report, tool_cases, train_cases  # noqa: E402
 from tools.faultcheck.core import Case, Ctx, run_case  # noqa: E402
 
-CASES: list[Case] = [*preprocess_cases.CASES, *train_cases.CASES, *tool_cases.CASES]
+CASES: list[Case] = [*preprocess_cases.CASES, *train_cases.CASES, *tool_cases.CASES, *identity_cases.CASES,
+                     *input_cases.CASES]
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:

@@ -9,9 +9,9 @@ import matplotlib
 matplotlib.use("Agg")  # files only: never open a window (and work without a display)
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
-import torch  # noqa: E402
 from matplotlib.figure import Figure  # noqa: E402
 
+from ..checkpoint import load  # noqa: E402
 from ..evaluation import class_words  # noqa: E402
 
 DPI = 100  # figures sized in pixels are drawn at this resolution, so 1 figure pixel = 1 PNG pixel
@@ -57,8 +57,5 @@ def center_crop(images: np.ndarray, crop: int) -> np.ndarray:
 
 def read_entries(path: str | os.PathLike) -> dict:
     """A checkpoint's dict, its tensors memory-mapped (not read) where the file allows it: for the small
-    entries (config, epoch). Raises what torch.load raises for an unreadable file."""
-    try:
-        return torch.load(path, map_location="cpu", weights_only=True, mmap=True)
-    except RuntimeError:  # a file of torch's legacy (non-zip) format cannot be mapped
-        return torch.load(path, map_location="cpu", weights_only=True)
+    entries (config, epoch). CheckpointError (or the OSError) naming the file, as checkpoint.load."""
+    return load(path, mmap=True)

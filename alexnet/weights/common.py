@@ -9,6 +9,8 @@ import numpy as np
 import torch
 from torch import nn
 
+from data.meta import npy_error
+
 from ..models import build_model, feature_side, min_crop
 
 # torchvision's ImageNet normalisation, which its published AlexNet weights expect; also what the info
@@ -35,14 +37,16 @@ class FormatError(ValueError):
 def load_npy(path: Path, what: str = "", finite: bool = True) -> np.ndarray:
     """A float array (finite unless `finite` is False) from a .npy file, never unpickling.
 
-    FormatError naming the file (and `what` it should be) otherwise.
+    FormatError naming the file (and `what` it should be) otherwise; the OSError of a file that cannot be read.
     """
     try:
         a = np.load(path, allow_pickle=False)
     except FileNotFoundError:
         raise FormatError(f"{path}: missing{what}") from None
-    except (OSError, ValueError, EOFError) as e:  # pickled objects, truncation, not an .npy at all
-        raise FormatError(f"{path}: not a plain .npy array ({e})") from None
+    except OSError as e:  # the operating system refused (permission denied, I/O error): not the file's form
+        raise OSError(e.errno, e.strerror, str(path)) from None
+    except (ValueError, EOFError) as e:  # pickled objects, truncation, not an .npy at all
+        raise FormatError(f"{path}: not a plain .npy array ({npy_error(e)})") from None
     if not isinstance(a, np.ndarray):
         raise FormatError(f"{path}: an .npz archive, expected one .npy array")
     if not np.issubdtype(a.dtype, np.floating):
@@ -104,17 +108,22 @@ def crop_from_fc6(path, arch: str, conv5_channels: int, fc6_inputs: int) -> int:
 
 def infer_width(path, arch: str, state: dict, num_classes: int, crop: int,
                 layers: tuple[tuple[str, int], ...]) -> float:
-    """The width multiplier whose model has exactly the shapes of `state` (tried on the meta device)."""
-    shapes = {k: tuple(v.shape) for k, v in state.items()}
+    """The width multiplier whose model has the shapes of `state` in every key both hold (tried on the meta
+    device): a key too many or too few is then named by load_strict, not taken for another width; else
+    FormatError naming the first tensor whose shape fits no width tried."""
+    first = None
     for key, base in layers:
         if key not in state:
             continue
         width = state[key].shape[0] / base
         with torch.device("meta"):
             model = build_model(arch, num_classes, width, 0.5, crop, init="torch")
-        if {k: tuple(v.shape) for k, v in model.state_dict().items()} == shapes:
+        wrong = [f"{k} is {tuple(state[k].shape)}, {tuple(v.shape)} at width {width:g}"
+                 for k, v in model.state_dict().items() if k in state and state[k].shape != v.shape]
+        if not wrong:
             return width
-    raise FormatError(f"{path}: the tensor shapes match no width of {arch} (keys {first_few(list(state))})")
+        first = first or wrong[0]
+    raise FormatError(f"{path}: the tensor shapes match no width of {arch} ({first or 'none of its layers is there'})")
 
 
 def new_model(arch: str, num_classes: int, width: float, crop: int, dropout: float = 0.5,

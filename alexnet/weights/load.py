@@ -61,7 +61,9 @@ def load_weights(path: str | os.PathLike, arch: str | None = None, width: float 
     info: arch, width, crop, mean ("image" | "channel"), channel_mean, channel_std, num_classes,
     classes (list or None), source (the format); for a Theano folder also epoch and theano_conv.
     epoch, theano_conv: a Theano folder's epoch (default the highest) and convolution (default cudnn).
-    Raises CheckpointError (unreadable file) or ValueError (readable, but not usable), naming `path`.
+    Raises CheckpointError (not a weights file: damaged, code or objects in it, a zip bomb) or ValueError
+    (readable, but not usable), naming `path`; the OSError of a file the system will not read (permission
+    denied: every .pt goes through checkpoint.load, every .npy through common.load_npy).
     """
     if arch is not None and arch not in ARCHS:
         raise FormatError(f"unknown arch {arch!r}; valid archs: {', '.join(ARCHS)}")

@@ -206,9 +206,18 @@ def run_case(ctx: Ctx, case: Case, number: int) -> Outcome:
     return Outcome(case, code, line.replace(str(ctx.root), "W"), verdict, reason, time.monotonic() - start)
 
 
+def _terminal_signals() -> None:
+    """In the tool's process, before exec: the stop signals as a terminal's command gets them. A table run in
+    the background (`&`, nohup) would pass SIGINT or SIGHUP on ignored, and the signal cases would judge
+    that instead of the tools (a case that wants them ignored says so itself)."""
+    for sig in (signal.SIGINT, signal.SIGHUP, signal.SIGTERM):
+        signal.signal(sig, signal.SIG_DFL)
+
+
 def _run(work: Work, case: Case, argv: list[str]) -> tuple[int | None, str, str]:
     proc = subprocess.Popen([sys.executable, *argv], cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True, errors="replace", env=environment(), start_new_session=True)
+                            text=True, errors="replace", env=environment(), start_new_session=True,
+                            preexec_fn=_terminal_signals)
     work.stack.callback(lambda: proc.poll() is None and _kill_group(proc))
     if case.during is not None:
         threading.Thread(target=case.during, args=(work, proc), daemon=True).start()

@@ -1,8 +1,10 @@
-"""CI runs every oracle: `make test` installs requirements-test.txt and sets ALEXNET_ORACLES_REQUIRED, and
-there a test that skips for a missing oracle fails (tests/conftest.py), instead of passing over it."""
+"""How the suite runs (tests/conftest.py). CI runs every oracle: `make test` installs requirements-test.txt and
+sets ALEXNET_ORACLES_REQUIRED, and there a test that skips for a missing oracle fails instead of passing over
+it. No fixture leaves signal handlers behind for the tests after it."""
 from __future__ import annotations
 
 import os
+import signal
 
 import pytest
 
@@ -37,3 +39,14 @@ def test_the_oracles_are_there():
     import cv2
     import tensorboard  # noqa: F401
     assert cv2.__version__.startswith("4.") and hasattr(cv2.dnn, "readNetFromCaffe")
+
+
+@pytest.fixture(scope="module")
+def handler_left_behind():
+    """As a fixture that runs train.py's main in-process does: installs its own SIGTERM handler."""
+    signal.signal(signal.SIGTERM, lambda signum, frame: None)
+    return signal.SIGTERM
+
+
+def test_a_fixture_leaves_no_signal_handler_behind(handler_left_behind):
+    assert signal.getsignal(handler_left_behind) == signal.SIG_DFL

@@ -8,9 +8,10 @@
     python scripts/benchmark.py read [--files 40] [--batch-sizes 256 128] [--threads N] [--data DIR]
     python scripts/benchmark.py checkpoint [--dir DIR] [--device auto]
     python scripts/benchmark.py parallel [--batch-size 256] [--width 1.0] [--device auto]
+    python scripts/benchmark.py large-batch [--archs alexnet alexnet_bn] [--seeds 0 1 2] [--no-sweep] [--quick]
 
 Each subcommand is one module of scripts/bench/ (preprocess.py, train.py, loading.py, exchange.py,
-read.py, checkpoint.py, parallel.py), whose docstring says what it measures; what they share (timing
+read.py, checkpoint.py, parallel.py, large_batch.py), whose docstring says what it measures; what they share (timing
 with warm-up, worker processes, arguments, tables and JSON) is scripts/bench/common.py.
 """
 from __future__ import annotations
@@ -22,10 +23,12 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from bench import checkpoint, exchange, loading, parallel, preprocess, read, train  # noqa: E402
+from bench import checkpoint, exchange, large_batch, loading, parallel, preprocess, read, train  # noqa: E402
 from bench.common import report  # noqa: E402
 
-BENCHMARKS = (preprocess, train, loading, read, exchange, checkpoint, parallel)  # the order of --help
+from alexnet.cli import protect_streams  # noqa: E402
+
+BENCHMARKS = (preprocess, train, loading, read, exchange, checkpoint, parallel, large_batch)  # the order of --help
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -43,4 +46,5 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
+    protect_streams("benchmark.py")
     sys.exit(main())

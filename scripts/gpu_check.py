@@ -59,5 +59,8 @@ sys.path[:0] = [str(HERE.parent), str(HERE)]  # the repository (data, alexnet) a
 
 from gpucheck.cli import main  # noqa: E402
 
+from alexnet.cli import protect_streams  # noqa: E402
+
 if __name__ == "__main__":
+    protect_streams("gpu_check.py")
     sys.exit(main(doc=__doc__, start=START))

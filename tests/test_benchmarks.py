@@ -2,7 +2,8 @@
 that gpu_check and docs/benchmarks/*.json rely on.
 
 `loading` and `exchange` run in the CPU twin of `make gpu-bench` with these flags
-(tests/test_gpu_check.py checks their keys with `check_keys`), so not twice. Not run at all, for time:
+(tests/test_gpu_check.py checks their keys with `check_keys`), so not twice; `large-batch` in its own test
+(its keys and its figures from one run). Not run at all, for time:
 `exchange --table1` (four train.py runs), `loading`'s CPU full-size row, and `parallel`'s measured layouts
 beyond one process (tests/test_model_parallel.py measures three of them).
 """
@@ -37,6 +38,11 @@ CASES = {  # subcommand: (flags, top-level keys, keys of each row)
     "checkpoint": (["--width", "0.125", "--repeat", "1"],
                    ["benchmark", "device", "arch", "width", "mbytes", "dir", "rows"],
                    [["what", "step_loop_ms", "write_ms"], ["what", "step_loop_ms", "write_ms", "vs_synchronous"]]),
+    # --quick: AlexNet-BN, 2 epochs of 48 images, B 2 and 4 x B, one seed: 5 train.py runs (one a sweep point)
+    "large-batch": (["--quick"],
+                    ["benchmark", "cpu", "proxy", "main_lrs", "rows", "gap", "sweep", "runs", "wall_s"],
+                    [["arch", "optimizer", "batch", "lr", "warmup_epochs", "steps", "top1_err", "top1_min",
+                      "top1_max", "top5_err", "per_seed", "diverged", "seconds"]] * 4),
 }
 
 
@@ -52,7 +58,7 @@ def check_keys(what: str, result: dict, stdout: str) -> None:
     assert header == list(dict.fromkeys(k for ks in row_keys for k in ks))  # the table of the rows
 
 
-@pytest.mark.parametrize("what", [w for w in CASES if w not in IN_GPU_BENCH_TWIN])
+@pytest.mark.parametrize("what", [w for w in CASES if w not in IN_GPU_BENCH_TWIN and w != "large-batch"])
 def test_subcommand_writes_its_keys(tmp_path, what):
     flags = CASES[what][0]
     out = tmp_path / f"{what}.json"
@@ -85,3 +91,37 @@ def test_parallel_writes_its_keys(monkeypatch):
 def _subparsers():
     import argparse
     return argparse.ArgumentParser().add_subparsers()
+
+
+def test_large_batch_runs_train_py_and_reports_every_point(tmp_path):
+    """large-batch --quick: every optimizer at 4 x B through train.py (the grid's steps are the trainer's),
+    the gap table and every sweep point, the grid's marked."""
+    out = tmp_path / "lb.json"
+    r = run_script("scripts/benchmark.py", "large-batch", "--quick", "--json", str(out), timeout=300)
+    assert r.returncode == 0, r.stderr
+    result = json.loads(out.read_text())
+    check_keys("large-batch", result, r.stdout)
+    rows = {(x["optimizer"], x["batch"]): x for x in result["rows"]}
+    assert set(rows) == {("sgd", 2), ("sgd", 8), ("lars", 8), ("lamb", 8)}
+    assert rows[("sgd", 2)]["steps"] == 48 and rows[("sgd", 8)]["steps"] == 12  # 24 and 6 steps x 2 epochs
+    assert rows[("sgd", 8)]["lr"] == 0.04 and rows[("lars", 8)]["lr"] == result["main_lrs"]["alexnet_bn"]["lars"]
+    assert all(0 <= x["top1_err"] <= 1 and x["per_seed"] == [x["top1_err"]] for x in result["rows"])
+    assert [g["optimizer"] for g in result["gap"]] == ["sgd", "lars", "lamb"]
+    assert [(p["optimizer"], p["lr"], p["in_grid"]) for p in result["sweep"]] == [
+        ("sgd", 0.04, True), ("lars", 5.0, False), ("lars", 10.0, True), ("lamb", 0.02, True)]
+    assert result["runs"] == 5 and "the sweep at 16 x B" in r.stdout
+
+
+def test_large_batch_gap_and_share_closed():
+    """The gap is against the best SGD at 16 x B; closed = (best SGD - optimizer) / gap."""
+    import argparse
+    sys.path.insert(0, str(REPO / "scripts"))
+    from bench import large_batch
+    args = argparse.Namespace(archs=["alexnet"], batch=16, scale=16)
+    row = lambda opt, batch, lr, err: {"arch": "alexnet", "optimizer": opt, "batch": batch, "lr": lr,  # noqa: E731
+                                       "top1_err": err}
+    rows = [row("sgd", 16, 0.01, 0.40), row("sgd", 256, 0.16, 0.90), row("sgd", 256, 0.08, 0.60),
+            row("lars", 256, 10.0, 0.50), row("lamb", 256, 0.02, 0.65)]
+    gap = large_batch.gap_rows(rows, args)
+    assert [(g["optimizer"], g["lr"], g["sgd_gap"], g["closed"]) for g in gap] == [
+        ("sgd", 0.08, 0.2, 0.0), ("lars", 10.0, 0.2, 0.5), ("lamb", 0.02, 0.2, -0.25)]

@@ -113,26 +113,65 @@ def test_roundtrip_and_differences(tmp_path):
 
 
 CONFIGS = sorted((Path(__file__).parents[1] / "configs").glob("*.yaml"))
+IMAGENET_TRAIN = 1_281_167  # ILSVRC-2012's training images: what a config's data.root=imagenet256 holds
 
 
 @pytest.mark.parametrize("path", CONFIGS, ids=[p.stem for p in CONFIGS])
 def test_shipped_configs_load(path):
-    """Every shipped config loads, and a model-parallel one splits the full-size model it names."""
+    """Every shipped config loads and passes what the preflight checks without data, on the meta device:
+    the full-size model it names builds at its crop, a model-parallel one splits it, and its global batch
+    (the launcher's world: replicas x model_size) fits ImageNet's training set."""
     import torch
 
+    from alexnet.distributed import DistInfo
     from alexnet.model_parallel import sharding_problem
-    from alexnet.models import build_model
+    from alexnet.models import ARCHS, build_model
+    from alexnet.replica import MeshLayout
     cfg = load_config(path, ["data.root=x"])
-    assert cfg.model.arch in ("alexnet", "caffenet", "owt")
+    assert cfg.model.arch in ARCHS
+    with torch.device("meta"):
+        full = build_model(cfg.model.arch, 1000, cfg.model.width, cfg.model.dropout, cfg.data.crop, "torch")
     if cfg.parallel.model_size > 1:
-        with torch.device("meta"):
-            full = build_model(cfg.model.arch, 1000, cfg.model.width, 0.5, cfg.data.crop, "torch")
         assert sharding_problem(cfg.parallel.model, cfg.model.arch, cfg.parallel.model_size, full) is None
+    world = cfg.parallel.replicas * cfg.parallel.model_size
+    layout = MeshLayout(cfg, DistInfo(world=world, model_size=cfg.parallel.model_size))
+    if (read_yaml(path.read_text()).get("data") or {}).get("root") == "imagenet256":
+        assert layout.global_batch <= IMAGENET_TRAIN
 
 
 def test_shipped_config_set():
     assert {"demo", "alexnet_1gpu", "alexnet_2gpu", "alexnet_2gpu_model", "alexnet_4gpu_hybrid", "alexnet_8gpu_fc",
-            "alexnet_8gpu_goyal", "caffenet", "owt", "theano_continue"} <= {p.stem for p in CONFIGS}
+            "alexnet_8gpu_goyal", "caffenet", "owt", "theano_continue", "alexnet_lars_8k", "alexnet_bn_lars_8k",
+            "alexnet_bn_lars_32k", "alexnet_sgd_8k"} <= {p.stem for p in CONFIGS}
+
+
+# You, Gitman & Ginsburg 2017's recipes (issue 27): (arch, optimizer, global batch, micro-batch, global lr,
+# warmup epochs); every one 100 epochs of poly power 2, momentum 0.9, weight decay 5e-4, eta 0.001.
+LARGE_BATCH_RECIPES = {
+    "alexnet_lars_8k": ("alexnet", "lars", 8192, 1024, 10.0, 2.0),
+    "alexnet_bn_lars_8k": ("alexnet_bn", "lars", 8192, 1024, 14.0, 5.0),
+    "alexnet_bn_lars_32k": ("alexnet_bn", "lars", 32768, 1024, 22.0, 5.0),
+    "alexnet_sgd_8k": ("alexnet", "sgd", 8192, 1024, 0.03, 2.5),
+}
+
+
+@pytest.mark.parametrize("name", LARGE_BATCH_RECIPES)
+def test_large_batch_recipes_are_the_papers(name):
+    """The recipe configs state the paper's settings: global batch (8 replicas, gradients all-reduced),
+    micro-batch (what one GPU holds at once), global lr not scaled with the batch, warmup, poly power 2."""
+    from alexnet.distributed import DistInfo
+    from alexnet.replica import MeshLayout
+    arch, optimizer, batch, micro, lr, warmup = LARGE_BATCH_RECIPES[name]
+    cfg = load_config(Path(__file__).parents[1] / "configs" / f"{name}.yaml")
+    t = cfg.train
+    layout = MeshLayout(cfg, DistInfo(world=cfg.parallel.replicas))
+    assert (cfg.model.arch, t.optimizer, layout.global_batch, t.batch_size // t.slices) == (arch, optimizer, batch,
+                                                                                              micro)
+    assert (t.lr, t.warmup_epochs, t.lr_scaling, t.lr_policy, t.lr_power, t.epochs) == (lr, warmup, "none", "poly",
+                                                                                          2.0, 100)
+    assert (t.momentum, t.weight_decay, t.trust_coefficient, t.lars_mode, t.lars_exclude) == (
+        0.9, 5e-4, 0.001, "scale", "none")
+    assert (cfg.parallel.replicas, cfg.parallel.exchange) == (8, "gradients")
 
 
 def test_cosine_lr_min_above_lr_is_refused(tmp_path):

@@ -18,7 +18,7 @@ from tests.conftest import REPO
 from tests.test_benchmarks import CASES, IN_GPU_BENCH_TWIN, check_keys
 
 sys.path.append(str(REPO / "scripts"))  # last: its scripts must not shadow other modules
-from gpucheck import basics, cli, runner, speed, table  # noqa: E402
+from gpucheck import basics, cli, runner, speed, table, training  # noqa: E402
 from gpucheck.benchmarks import bench_args  # noqa: E402
 
 CUDA_ONLY = {"pytest-gpu": "CUDA", "multi-nccl-weights": "needs 2 GPUs, found 0",
@@ -172,6 +172,41 @@ def test_a_failure_and_a_hang_fail_and_the_others_go_on(runs):
     assert hang["seconds"] < runner.HANG_TIMEOUT + 10  # killed at its limit, not waited for
     assert steps["bench-exchange"]["status"] == "failed"  # it ran after the hang
     assert "| bench-train | scripts/benchmark.py train: precision x channels_last | **failed** |" in r.md
+
+
+def lars_ctx(tmp_path: Path, train_data: Path) -> runner.Ctx:
+    """The lars-bf16 step's view on the CPU: the data step's output is tests' train_data (the same sizes)."""
+    c = runner.Ctx(tmp_path, "cpu", 0, step="lars-bf16")
+    c.work.mkdir(parents=True)
+    (c.work / "data").symlink_to(train_data)
+    return c
+
+
+def test_lars_bf16_cpu_twin(tmp_path, train_data):
+    """lars-bf16 on the CPU (bf16 autocast runs there too): AlexNet-BN with LARS, fp32 and bf16 from the same
+    weights on one batch; within its stated limits, every trust ratio finite, the batch learnt."""
+    f = training.step_lars_bf16(lars_ctx(tmp_path, train_data)).figures
+    assert f["weights_rel_diff"] <= f["weights_tol"] == training.BF16_WEIGHTS_TOL
+    assert f["biases_rel_diff"] <= f["biases_tol"] == training.BF16_BIAS_TOL
+    assert f["loss_rel_diff"] <= f["loss_tol"] == training.BF16_LOSS_TOL
+    assert f["trust_ratios"] == 2 * training.LARS_STEPS * 16  # 16 adapted tensors per step and run (exclude none)
+    assert f["loss_fp32"][-1] < f["loss_fp32"][0] and len(f["loss_bf16"]) == training.LARS_STEPS
+    assert table.BY_NAME["lars-bf16"].limit == (60, 60)
+
+
+def test_lars_bf16_names_the_step_of_a_non_finite_trust_ratio(tmp_path, train_data, monkeypatch):
+    """A trust ratio gone NaN at the bf16 run's third step (planted: NaN weights take ratio 1 afterwards,
+    so only a check of every step's ratios sees it) fails the step, naming the run and the step."""
+    from alexnet.large_batch import LARS
+    calls, local_lr = [0], LARS.local_lr
+
+    def poisoned(self, group, w_norm, g_norm):
+        calls[0] += 1  # 2 groups x 10 steps of fp32 first; call 25 is bf16's third step
+        lrs = local_lr(self, group, w_norm, g_norm)
+        return lrs * float("nan") if calls[0] == 25 else lrs
+    monkeypatch.setattr(LARS, "local_lr", poisoned)
+    with pytest.raises(runner.StepFailed, match=r"the bf16 run's trust ratios are NaN or inf at step\(s\) \[3\]"):
+        training.step_lars_bf16(lars_ctx(tmp_path, train_data))
 
 
 def ctx(**inject) -> runner.Ctx:

@@ -108,6 +108,7 @@ def to_theano(obj: dict, path, conv: str, *, arch: str | None = None, dropout_st
     """
     if obj.get("kind") in (CHECKPOINT_KIND, WEIGHTS_KIND):
         state, style, cfg = _checkpoint_source(obj, path, arch, dropout_style, warn)
+        _check_momentum_state(obj, cfg, path)
         if epoch is None:
             epoch = obj.get("epoch", (obj.get("source") or {}).get("epoch"))
         if obj.get("step"):
@@ -175,6 +176,18 @@ def _check_exportable(path, arch: str, asked: str | None) -> None:
         raise FormatError(f"{path} holds arch {arch!r}; only caffenet is the Theano network (conv, ReLU, max-pool, "
                           "then LRN): alexnet normalises before pooling and owt has other layers, so their "
                           "weights would compute another function there")
+
+
+def _check_momentum_state(obj: dict, cfg: Config, path) -> None:
+    """FormatError for a checkpoint holding LAMB's optimizer state: the Theano files hold momentum velocities
+    only (mom_*). LARS keeps PaperSGD's velocity, so it exports as SGD's; a weights file has no state."""
+    state = (obj.get("optimizer") or {}).get("state") or {}
+    if not state:
+        return
+    if cfg.train.optimizer == "lamb" or any("exp_avg" in s for s in state.values() if isinstance(s, dict)):
+        raise FormatError(f"{path} holds the state of train.optimizer=lamb (Adam's moments, not momentum "
+                          "velocities); the Theano files hold momentum velocities only (mom_*), so a LAMB "
+                          "checkpoint cannot be exported to Theano")
 
 
 def _theano_fit(state: dict, path) -> tuple[float, int]:

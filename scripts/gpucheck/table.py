@@ -17,7 +17,7 @@ from .replicas import (
     step_replicas_ipc,
 )
 from .speed import speed_step
-from .training import step_resume, step_resume_deterministic
+from .training import step_lars_bf16, step_resume, step_resume_deterministic
 
 
 @dataclass(frozen=True)
@@ -32,7 +32,9 @@ class Step:
 
 # The most valuable proofs first, so that a budget running out cuts the least: the core (data, a SIGINT
 # resume with a loader process, one replica pair, evaluation: --quick), the gpu-marked tests, the
-# 2-GPU paths, the other layouts, then the speed options, compile last (the slowest, often unbuildable).
+# 2-GPU paths, LARS under bf16 (the large-batch recipes' optimizer and precision: a new numerical path
+# no other step runs, and a short one), the other layouts, then the speed options, compile last (the
+# slowest, often unbuildable).
 STEPS = [
     Step("data", "synthetic ImageNet-format data, preprocessed", step_data, (120, 60), ()),
     Step("resume-sigint", "SIGINT mid-epoch (loader process), resume = uninterrupted (weights rel diff <= 1e-4)",
@@ -47,6 +49,8 @@ STEPS = [
          ("data", "2gpus")),
     Step("multi-torchrun", "torchrun --nproc-per-node=2 (nccl) = 1 replica x 2B", step_multi_torchrun, (90, 90),
          ("data", "2gpus")),
+    Step("lars-bf16", "AlexNet-BN + LARS, 10 steps under bf16 autocast vs fp32: trust ratios finite, weights "
+         "within 5e-2", step_lars_bf16, (60, 60)),
     Step("model-parallel", "model parallel in 2 processes (columns, fc) = 1 process, same global batch",
          step_model_parallel, (120, 120)),
     Step("resume-sigint-deterministic", "the same with train.deterministic=true: bitwise",

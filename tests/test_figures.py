@@ -215,6 +215,16 @@ def test_neighbours_equal_a_brute_force_ranking_and_are_cached(demo, data, figur
         assert "from the cache" not in capsys.readouterr().out
     finally:
         os.utime(weights, ns=(stat.st_atime_ns, stat.st_mtime_ns))
+    # another mean image (--mean) gives other features: never those cached for the data's mean
+    np.save(tmp_path / "zero.npy", np.zeros((data_size(data), data_size(data), 3), np.float32))
+    assert figures([*args, "--mean", str(tmp_path / "zero.npy")]) == 0
+    assert "from the cache" not in capsys.readouterr().out
+    zero = json.loads((out / "neighbours.json").read_text())["queries"]
+    assert [n["distance"] for n in zero[0]["neighbours"]] != [n["distance"] for n in record["queries"][0]["neighbours"]]
+
+
+def data_size(data) -> int:
+    return json.loads((data / "meta.json").read_text())["image_size"]
 
 
 def test_a_training_subset_is_seeded(demo, data, figures, tmp_path):
@@ -257,3 +267,54 @@ def test_bad_input_exits_2_naming_the_file(tmp_path_factory, data, demo, figures
     assert figures(["--weights", str(demo / "checkpoints" / "best.pt"), "--data", str(no_train), "--out",
                     str(tmp_path / "c"), "--only", "neighbours"]) == 2
     assert "has no 'train' split" in capsys.readouterr().err
+
+
+# -- the curves and the bars, by hand --------------------------------------------------------------
+
+
+def _captured(monkeypatch, module) -> list:
+    """The figures `module` saves, kept open for their axes instead of written."""
+    figs = []
+    monkeypatch.setattr(module, "save_png", lambda fig, out, **kw: figs.append(fig))
+    return figs
+
+
+def test_curves_place_records_at_their_fraction_of_an_epoch_and_pick_the_time_unit(monkeypatch, tmp_path):
+    """6 steps an epoch, a record at steps 4 and 6 of each: global steps 4, 6, 10, 12 lie at epochs 2/3, 1,
+    1 + 2/3, 2. A run of 100 s is drawn in seconds (< 2 minutes), of 150 s in minutes, of 2 h in hours."""
+    from alexnet.figures import curves
+    train = [{"split": "train", "epoch": e, "iter": i, "loss": 1.0, "lr": 0.01, "img_per_s": 5.0, "time": t}
+             for e, i, t in ((1, 4, 10.0), (1, 6, 20.0), (2, 10, 60.0), (2, 12, 70.0))]
+    np.testing.assert_allclose(curves.fractional_epochs(train), [2 / 3, 1, 1 + 2 / 3, 2])
+    # continued from another run's checkpoint (converted weights): the epochs before have no record
+    assert curves.fractional_epochs(train[2:]) == pytest.approx([1 + 2 / 3, 2])
+    later = [{**r, "epoch": r["epoch"] + 3, "iter": r["iter"] + 18} for r in train]  # from epoch 3 on
+    assert curves.fractional_epochs(later) == pytest.approx([3 + 2 / 3, 4, 4 + 2 / 3, 5])
+    for longest, unit in ((100.0, "seconds"), (119.0, "seconds"), (150.0, "minutes"), (7199.0, "minutes"),
+                          (7200.0, "hours")):
+        assert curves.time_unit([{"time": longest}]) == ({"seconds": 1.0, "minutes": 60.0, "hours": 3600.0}[unit],
+                                                          unit)
+    figs = _captured(monkeypatch, curves)
+    val = [{"split": "val", "epoch": e, "iter": i, "loss": 2.0, "top1_err": 0.5, "top5_err": 0.2, "time": t}
+           for e, i, t in ((1, 6, 30.0), (2, 12, 150.0))]
+    curves.draw_curves(train + val, "t", tmp_path / "c.png")
+    loss, by_epoch, by_time, lr = figs[0].axes
+    np.testing.assert_allclose(loss.lines[0].get_xdata(), [2 / 3, 1, 1 + 2 / 3, 2])
+    np.testing.assert_allclose(loss.lines[1].get_xdata(), [1, 2])
+    np.testing.assert_allclose(by_time.lines[0].get_xdata(), [0.5, 2.5])  # minutes
+    assert by_time.get_xlabel() == "wall-clock time (minutes)"
+    np.testing.assert_allclose(lr.lines[0].get_xdata(), [2 / 3, 1, 1 + 2 / 3, 2])
+
+
+def test_the_true_class_bar_is_red_and_only_it(monkeypatch, tmp_path):
+    from matplotlib.colors import to_rgba
+
+    from alexnet.figures import predictions
+    figs = _captured(monkeypatch, predictions)
+    top = [{"class": c, "name": f"c{c}", "prob": p} for c, p in ((0, 0.5), (2, 0.3), (1, 0.2))]
+    records = [{"label": 2, "label_name": "two", "top": top}, {"label": 3, "label_name": "three", "top": top}]
+    predictions.draw_predictions(records, np.zeros((2, 8, 8, 3), np.uint8), "t", tmp_path / "p.png")
+    bars = [ax for ax in figs[0].axes if ax.patches]
+    red, blue = to_rgba(predictions.TRUE_COLOUR), to_rgba(predictions.OTHER_COLOUR)
+    assert [[p.get_facecolor() for p in ax.patches] for ax in bars] == [[blue, red, blue], [blue, blue, blue]]
+    assert [[p.get_width() for p in ax.patches] for ax in bars] == [[0.5, 0.3, 0.2]] * 2

@@ -84,7 +84,20 @@ def test_caffe_geometry_is_opencvs_resize(stored):
     images = stored("caffe")
     for name in NAMES:
         decoded = np.asarray(Image.open(SAMPLE / f"{name}.JPEG").convert("RGB"))
-        assert np.abs(images[name].astype(int) - cv2.resize(decoded, (256, 256))).max() <= 1, name
+        np.testing.assert_array_equal(images[name], cv2.resize(decoded, (256, 256)), err_msg=name)
+
+
+def test_opencv_linear_equals_cv2_resize_on_sample_images():
+    """Bit-equal, as DESIGN.md states: every 10th sample image (50, every size and aspect among them), at
+    256 (preprocessing's side) and 227 (a size that divides no side)."""
+    cv2 = pytest.importorskip("cv2")
+    if not SAMPLE.is_dir():
+        pytest.skip(f"{SAMPLE} (real ImageNet images, see its README) is absent")
+    for path in sorted(SAMPLE.glob("*.JPEG"))[::10]:
+        decoded = np.asarray(Image.open(path).convert("RGB"))
+        for size in (256, 227):
+            np.testing.assert_array_equal(opencv_linear(decoded, size), cv2.resize(decoded, (size, size)),
+                                          err_msg=f"{path.name} at {size}")
 
 
 @pytest.mark.parametrize("mode", sorted(BEFORE))
@@ -105,7 +118,8 @@ def test_opencv_linear_on_any_size():
     for h, w in shapes:
         image = rng.integers(0, 256, (h, w, 3), dtype=np.uint8)
         for size in (256, 227, 31):
-            assert np.abs(opencv_linear(image, size).astype(int) - cv2.resize(image, (size, size))).max() <= 1
+            np.testing.assert_array_equal(opencv_linear(image, size), cv2.resize(image, (size, size)),
+                                          err_msg=f"{h} x {w} to {size}")
 
 
 def test_the_torchvision_window_always_fits_at_256():

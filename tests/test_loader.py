@@ -49,6 +49,30 @@ def test_same_batches_as_inline(train_data, mode, device):
         slot.close()
 
 
+def test_slots_hold_val_batches_larger_than_train_ones_and_empty_ones_are_kept_when_asked(train_data):
+    """16 validation images: in batches of 12 (larger than the training batch of 8), 12 then 4 rows, as
+    inline; as rank 7 of 8 with batches of 3 (one step of 24), no row: a batch of 0 rows where keep_empty
+    asks for it (every member of an fc model group takes part in every step), none otherwise."""
+    big = spec_for(train_data, val_batch_size=12)
+    inline, slot = InlineLoader(big), SlotLoader(big, "thread", k=2)
+    try:
+        want, got = collect(inline, "val", 0), collect(slot, "val", 0)
+    finally:
+        slot.close()
+    assert [len(y) for _, _, y in got] == [12, 4]
+    for (ws, wx, wy), (gs, gx, gy) in zip(want, got, strict=True):
+        assert ws == gs and torch.equal(wx, gx) and torch.equal(wy, gy)
+    for keep in (True, False):
+        spec = spec_for(train_data, val_batch_size=3, rank=7, world=8, keep_empty=keep, splits=("val",))
+        slot = SlotLoader(spec, "thread", k=2)
+        try:
+            steps = [(b.step, b.n) for b in slot.batches("val", 0)]
+        finally:
+            slot.close()
+        assert steps == ([(0, 0)] if keep else [])
+        assert [(b.step, b.n) for b in InlineLoader(spec).batches("val", 0)] == steps
+
+
 @pytest.mark.parametrize("mode", ["thread", "process"])
 def test_stopping_early_then_a_new_job(train_data, mode):
     loader = SlotLoader(spec_for(train_data), mode, k=3)

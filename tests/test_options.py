@@ -104,6 +104,30 @@ def test_flip_mirrors_some_images_and_random_crop_moves_the_window(train_data):
     assert len(set(offsets)) > 1 and set(offsets) != {((size - 56) // 2,) * 2}, offsets
 
 
+def test_validation_batches_are_center_crops_whatever_the_training_augmentation(train_data):
+    """data.random_crop and data.flip (both on, shuffle on) touch training only: every validation batch is
+    the stored validation images in file order, center-cropped and unflipped, minus the same crop of the mean."""
+    cfg = load_config("configs/demo.yaml", [f"data.root={train_data}", "data.crop=56", "train.batch_size=8",
+                                             "data.val_batch_size=5", "run.device=cpu", "data.random_crop=true",
+                                             "data.flip=true", "data.shuffle=true"])
+    dist = DistInfo()
+    maker = BatchMaker(loader_spec(cfg, dist, MeshLayout(cfg, dist), ("train", "val")))
+    stored, labels = [], []
+    for path in sorted((train_data / "val").glob("*.h5")):
+        with h5py.File(path, "r") as f:
+            stored.append(f["images"][...])
+            labels.append(f["labels"][...])
+    images, labels = np.concatenate(stored), np.concatenate(labels)
+    mean = np.load(train_data / "mean.npy").astype(np.float64)
+    assert maker.steps("val") == -(-len(images) // 5) > 1
+    for step in range(maker.steps("val")):
+        batch = maker.make("val", 3, step)
+        rows = slice(5 * step, 5 * step + 5)
+        want = center(images[rows].astype(np.float64) - mean, 56).transpose(0, 3, 1, 2)
+        np.testing.assert_allclose(batch.x.numpy(), want, atol=1e-3)
+        np.testing.assert_array_equal(batch.y.numpy(), labels[rows])
+
+
 @pytest.mark.parametrize("window", [1, 0])
 def test_shuffle_window_bounds_where_a_batch_comes_from(train_data, window):
     """data.shuffle_window=1: images are shuffled inside one file only, so batch 0 (8 of a 16-image file)

@@ -265,3 +265,16 @@ def test_replicas_ignored_under_torchrun(train_data, tmp_path):
         "parallel.replicas": 3, "train.epochs": 1}), env=env)
     assert r.returncode == 0, r.stderr[-2000:]
     assert "parallel.replicas=3 is ignored: the launcher started 1 processes" in r.stdout
+
+
+def test_images_per_second_count_every_replicas_images(trained):
+    """img_per_s is the global rate: each record's images (both replicas' 8) over its window. The window
+    runs from the previous record to this one, so rate x the records' time difference is the global batch
+    (a little more: the time between the two also holds the logging itself)."""
+    import statistics
+    run, _ = trained(**TWO, **{"parallel.exchange": "gradients", "parallel.transport": "gloo",
+                               "train.momentum": 0.9})
+    train_records = [r for r in read_metrics(run / "metrics.jsonl") if r["split"] == "train"]
+    seen = [b["img_per_s"] * (b["time"] - a["time"]) / 16 for a, b in zip(train_records, train_records[1:])
+            if a["epoch"] == b["epoch"]]
+    assert len(seen) >= 3 and 0.8 < statistics.median(seen) < 2.0, seen

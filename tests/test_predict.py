@@ -136,3 +136,27 @@ def test_without_data_images_are_decoded_as_the_weights_expect(synth, tmp_path, 
         np.save(tmp_path / "m.npy", np.zeros((256, 256, 3), np.float32))
     assert script.main([str(tmp_path / "w.pt"), image, *extra]) == 0
     assert seen == [expected]
+
+
+def test_predict_decodes_as_the_data_was_made_and_averages_ten_crops(synth, tmp_path):
+    """--data made with --resize warp: images are warped as its batch files were (not the default shorter
+    side); --crops 10: the mean of the softmaxes of the 4 corners and the center, plain and mirrored, by hand."""
+    from tests.conftest import load_script
+    root, manifest = synth
+    preprocess(root / "train", tmp_path / "warp", opts=Options(size=72, per_file=64, resize="warp"), workers=1,
+               quiet=True)
+    image = str(root / "train" / manifest["classes"][1] / f"{manifest['classes'][1]}_00004.JPEG")
+    assert not np.array_equal(load_image(image, 72, "warp"), load_image(image, 72, "short"))
+    model = build_model("caffenet", num_classes=4, width=0.125, crop=67, init="torch").eval()
+    torch.save(model.state_dict(), tmp_path / "c.pt")
+    args = [str(tmp_path / "c.pt"), image, "--arch", "caffenet", "--data", str(tmp_path / "warp"), "--crops", "10",
+            "--json", str(tmp_path / "p.json")]
+    assert load_script("predict").main(args) == 0
+    x = load_image(image, 72, "warp").astype(np.float64) - np.load(tmp_path / "warp" / "mean.npy")
+    views = [x[oy:oy + 67, ox:ox + 67] for oy, ox in ((0, 0), (0, 5), (5, 0), (5, 5), (2, 2))]
+    views += [v[:, ::-1] for v in views]
+    p = _probs(model, np.stack(views)).mean(axis=0)
+    top = np.argsort(-p)[:4]
+    rec = json.loads((tmp_path / "p.json").read_text())[0]
+    assert [t["index"] for t in rec["top"]] == top.tolist()
+    np.testing.assert_allclose([t["prob"] for t in rec["top"]], p[top], rtol=1e-4)

@@ -121,6 +121,25 @@ def test_mean_equals_numpy_mean(prep):
     np.testing.assert_allclose(mean, images.astype(np.float64).mean(axis=0), rtol=0, atol=1e-4)
 
 
+def test_pixel_sums_and_mean_of_a_file_of_300_bright_images(tmp_path):
+    """--per-file 300 of images near white: each file's pixel_sum reaches 300 x 255 = 76,500 (more than 16
+    bits hold) and must equal numpy's uint64 sum of the stored images; the mean image their float mean."""
+    rng = np.random.default_rng(0)
+    (tmp_path / "train" / "n00000001").mkdir(parents=True)
+    for i in range(300):
+        Image.fromarray(rng.integers(200, 256, (8, 8, 3), dtype=np.uint8)).save(
+            tmp_path / "train" / "n00000001" / f"{i:03d}.png")
+    out = tmp_path / "out"
+    preprocess(tmp_path / "train", out, opts=Options(size=8, per_file=300), workers=1, quiet=True)
+    images, _, _ = concat(out, "train")
+    assert images.shape == (300, 8, 8, 3)
+    want = images.sum(axis=0, dtype=np.uint64)
+    assert want.max() > 2**16
+    np.testing.assert_array_equal(read_file_attrs(out / "train" / "00000.h5")["pixel_sum"], want)
+    np.testing.assert_allclose(np.load(out / "mean.npy"), images.astype(np.float64).mean(axis=0), rtol=0,
+                               atol=1e-4)
+
+
 @pytest.mark.parametrize("layout", ["caffe", "folders"])
 def test_val_layouts_agree_with_kaggle(prep, synth, tmp_path, layout):
     """The same val images labelled by val.txt or by class folders give the Kaggle run's output."""

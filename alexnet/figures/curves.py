@@ -18,15 +18,26 @@ def split_records(records: list[dict], split: str) -> list[dict]:
 
 def fractional_epochs(train: list[dict]) -> list[float]:
     """Each training record's position in epochs: epoch e's records spread over (e-1, e] by their step,
-    from the last step of epoch e-1 to the last step logged in epoch e."""
-    last = {}
+    from the last step of epoch e-1 to the last step logged in epoch e.
+
+    Where epoch e-1 has no record (a run continued from another run's checkpoint, e.g. converted weights
+    at epoch 3, logs from epoch 4 on), epoch e-1 ended at global step (e-1) x S: S, the steps of an epoch,
+    is the last step of the first epoch that is followed by another (the trainer logs every epoch's last
+    step) divided by its number; of the only epoch, when there is one.
+    """
+    last: dict[int, int] = {}
     for r in train:
         last[r["epoch"]] = max(last.get(r["epoch"], 0), r["iter"])
+    if not last:
+        return []
+    done = min((e for e in last if e < max(last)), default=max(last))
+    steps = last[done] / done
     out = []
     for r in train:
-        start = max((v for e, v in last.items() if e < r["epoch"]), default=0)
-        span = last[r["epoch"]] - start
-        out.append(r["epoch"] - 1 + ((r["iter"] - start) / span if span > 0 else 1.0))
+        e = r["epoch"]
+        start = last[e - 1] if e - 1 in last else (e - 1) * steps
+        span = last[e] - start
+        out.append(e - 1 + ((r["iter"] - start) / span if span > 0 else 1.0))
     return out
 
 

@@ -114,10 +114,18 @@ LONGEST_FIRST = ("test_gpu_check.py", "test_model_parallel.py", "test_parallel.p
 
 
 def pytest_configure(config):
-    """A shell's background job (`make test &`, nohup) starts with SIGINT ignored, and so would every
-    process the tests start: the tests that press Ctrl-C on a child need the terminal's default."""
+    """A shell's background job (`make test &`) starts with SIGINT ignored, nohup with SIGHUP ignored, and so
+    would every process the tests start (exec keeps an ignored signal ignored): the tests that send a child
+    Ctrl-C or SIGHUP need the terminal's default. A handler, unlike SIG_IGN, is reset to the default on
+    exec: SIGHUP gets one that does nothing, so the suite itself still outlives its terminal."""
     if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
         signal.signal(signal.SIGINT, signal.default_int_handler)
+    if signal.getsignal(signal.SIGHUP) == signal.SIG_IGN:
+        signal.signal(signal.SIGHUP, _outlive_the_terminal)
+
+
+def _outlive_the_terminal(signum, frame) -> None:
+    """SIGHUP in the suite's own process: nothing (see pytest_configure)."""
 
 
 @pytest.hookimpl(tryfirst=True)

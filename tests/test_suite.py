@@ -50,3 +50,21 @@ def handler_left_behind():
 
 def test_a_fixture_leaves_no_signal_handler_behind(handler_left_behind):
     assert signal.getsignal(handler_left_behind) == signal.SIG_DFL
+
+
+def test_children_get_the_terminals_sighup_when_the_suite_runs_under_nohup():
+    """nohup starts the suite with SIGHUP ignored, and exec keeps it ignored: a child sent SIGHUP by a test
+    would go on (as it should under nohup) and the test would judge that instead of the tool."""
+    import subprocess
+    import sys
+
+    from tests import conftest
+    saved = signal.signal(signal.SIGHUP, signal.SIG_IGN)
+    try:
+        conftest.pytest_configure(None)
+        assert signal.getsignal(signal.SIGHUP) not in (signal.SIG_IGN, signal.SIG_DFL)  # the suite outlives it
+        child = subprocess.run([sys.executable, "-c", "import signal; print(int(signal.getsignal(signal.SIGHUP)))"],
+                               capture_output=True, text=True, timeout=60)
+        assert child.stdout.strip() == str(int(signal.SIG_DFL))
+    finally:
+        signal.signal(signal.SIGHUP, saved)

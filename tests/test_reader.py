@@ -200,15 +200,22 @@ def test_window_of_one_file_keeps_files_together():
         assert empty.shape == (0,) and empty.dtype == np.int64
 
 
+def _new_read_threads(before: set) -> list:
+    """The read helpers started since `before`: other tests in this process may leave readers open."""
+    import threading
+    return [t for t in threading.enumerate() if t.name.startswith("batch-read") and t not in before]
+
+
 def test_close_stops_the_read_threads_and_reading_reopens(prep):
     import threading
+    before = set(threading.enumerate())
     data = SplitData(prep[0], "train", threads=3)
     idx = np.arange(len(data))  # enough images for helper threads (data.fastread.MIN_IMAGES_PER_THREAD)
     images, labels = data.read(idx)
     images, labels = images.copy(), labels.copy()
-    assert any(t.name.startswith("batch-read") for t in threading.enumerate())
+    assert _new_read_threads(before)
     data.close()
-    assert not any(t.name.startswith("batch-read") for t in threading.enumerate())
+    assert not _new_read_threads(before)
     again, again_labels = data.read(idx)
     np.testing.assert_array_equal(again, images)
     np.testing.assert_array_equal(again_labels, labels)
@@ -261,7 +268,9 @@ def test_split_attributes_and_argument_checks(prep, tmp_path):
 
 
 def test_open_files_are_kept_and_the_least_recently_used_closed(prep):
+    import gc
     import os
+    gc.collect()  # a reader an earlier test left in a cycle must not close its files mid-count
     data = SplitData(prep[0], "train", max_open=2, threads=2)
     fds = len(os.listdir("/proc/self/fd"))
     for _ in range(5):
@@ -277,7 +286,8 @@ def test_open_files_are_kept_and_the_least_recently_used_closed(prep):
 
 def test_two_threads_use_one_helper(prep):
     import threading
+    before = set(threading.enumerate())
     data = SplitData(prep[0], "train", threads=2)
     data.read(np.arange(len(data)))
-    assert sum(t.name.startswith("batch-read") for t in threading.enumerate()) == 1
+    assert len(_new_read_threads(before)) == 1
     data.close()

@@ -83,7 +83,19 @@ clean-demo:
 # ignored) every time. Prints the per-module table and every mutant not killed; docs/MUTANTS.md has the
 # measured time on 2 cores and why each survivor is equivalent or left. One module: MUTATE='data.reader.*'.
 MUTATE ?= alexnet.optim.* alexnet.metrics.* alexnet.rundir.* alexnet.config.* data.augment.* data.reader.* \
-	alexnet.checkpoint.x*CheckpointDir* alexnet.checkpoint.x_*link_atomic*
+	alexnet.checkpoint.x*CheckpointDir* alexnet.checkpoint.x_*link_atomic* $(MUTATE_SINCE_ROUND_4)
+# Added by issue 28: the label readers, the archive index, geometry, the caffemodel wire reader, and by name
+# the class subsets (data.sources), evaluation's metrics and confusions, the report's tables.
+MUTATE_SINCE_ROUND_4 = data.devkit.* data.val_labels.* data.classnames.* data.archives.* data.geometry.* \
+	alexnet.weights.caffe_proto.* data.sources.x_choose_classes* data.sources.x__listed_wnids* \
+	data.sources.x_cap_per_class* data.sources.x__no_empty_classes* alexnet.evaluation.x_predict_log_probs* \
+	alexnet.evaluation.x_evaluate__* alexnet.evaluation.x_read_names* alexnet.evaluation.x_class_words* \
+	alexnet.evaluation.x__count_per_class* alexnet.evaluation.x__per_class_record* \
+	alexnet.evaluation.x__confusion_record* alexnet.evaluation.x__check_outputs* alexnet.evaluation.x__csv_rows* \
+	alexnet.evaluation.x__write_rows* alexnet.figures.report.x_checkpoint_rows* alexnet.figures.report.x_class_rows* \
+	alexnet.figures.report.x__table* alexnet.figures.report.x__checkpoint_table* \
+	alexnet.figures.report.x__class_table* alexnet.figures.report.x__confusion_table* \
+	alexnet.figures.report.x__pct* alexnet.figures.report.x__e__*
 MUTMUT = $(PYTHON) -c 'from mutmut.__main__ import cli; cli()'
 mutants: setup
 	$(PYTHON) -m pip install -q -r requirements-dev.txt

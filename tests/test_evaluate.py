@@ -3,8 +3,10 @@ from __future__ import annotations
 
 import csv
 import json
+import math
 import re
 import sys
+import warnings
 
 import numpy as np
 import pytest
@@ -13,6 +15,7 @@ from torch import nn
 
 from alexnet.checkpoint import CheckpointError
 from alexnet.evaluation import (
+    CSV_HEADER,
     check_compatible,
     crop_for_side,
     evaluate,
@@ -144,6 +147,112 @@ def test_top5_with_more_classes_than_five(prep, tmp_path):
         assert record["top5_err"] == pytest.approx(np.mean(mine >= 5)) and record["top1_err"] == pytest.approx(
             np.mean(mine >= 1))
     assert [r["n"] for r in result["per_class"][4:]] == [0] * 8
+
+
+def _variant(prep, root, classes: int, names: str):
+    """The test data copied with meta.json declaring `classes` classes (labels stay 0..3); class names for
+    every class ("all"), none, or a list of another length ("short": not used)."""
+    import shutil
+    shutil.copytree(prep[0], root)
+    meta = json.loads((root / "meta.json").read_text())
+    wnids = meta["classes"] + [f"n9{i:07d}" for i in range(classes - 4)]
+    meta["num_classes"], meta["classes"] = classes, wnids
+    meta["class_names"] = {"all": [f"words of {w}, more" for w in wnids], "none": None,
+                           "short": ["a", "b", "c"]}[names]
+    (root / "meta.json").write_text(json.dumps(meta))
+    return wnids
+
+
+@pytest.mark.parametrize("classes,names,split", [(12, "all", "train"), (4, "none", "val"), (4, "short", "val")])
+def test_csv_rows_per_class_and_confusions_by_hand(prep, tmp_path, classes, names, split):
+    """Every CSV row (top-5 classes, correct flags, view-averaged probabilities, wnids and words), the
+    per-class records and the confusion pairs, against hand_probs: 12 classes (8 without images) on the
+    train split (12 images a class: shares like 1/12), 4 (fewer than 5: empty prediction columns), without
+    class names or with a list that does not fit. The loss is the float64 sum of the batches' log-probs."""
+    wnids = _variant(prep, tmp_path / "data", classes, names)
+    data = SplitData(tmp_path / "data", split)
+    named = names == "all"
+    images, labels = data.read(np.arange(len(data)))
+    n_cls = data.num_classes
+    model = PixelLinear(n_cls, CROP, seed=6)
+    expected = hand_probs(model, images, data.mean_image().astype(np.float64), CROP, 10)
+    out = tmp_path / "eval.csv"
+    result = evaluate(model, data, CROP, Normalizer("image", data.mean_image()), crops=10, batch_size=5,
+                      csv_path=out, progress=False)
+    with open(out, newline="") as f:
+        rows = list(csv.reader(f))
+    assert rows[0] == list(CSV_HEADER) and len(rows) == len(data) + 1
+    _, _, names = split_contents(data.root, split)
+    word = (lambda c: f"words of {wnids[c]}, more") if named else (lambda c: "")
+    k = min(5, n_cls)
+    for row, name, label, p in zip(rows[1:], names, labels.tolist(), expected):
+        top = np.argsort(-p, kind="stable")[:k].tolist()
+        pad = [""] * (5 - k)
+        assert row[:9] == [name, str(label), *map(str, top), *pad, str(int(top[0] == label)), str(int(label in top))]
+        np.testing.assert_allclose([float(v) for v in row[9:9 + k]], p[top], rtol=1e-5)
+        assert row[9 + k:14] == pad
+        assert row[14:] == [wnids[label], word(label), *(v for c in top for v in (wnids[c], word(c))), *pad, *pad]
+    top1 = expected.argmax(axis=1)
+    for c, record in enumerate(result["per_class"]):
+        mine = labels == c
+        n = int(mine.sum())
+        assert record == {"index": c, "wnid": wnids[c], "name": word(c), "n": n,
+                          "top1_err": pytest.approx(np.mean(top1[mine] != c)) if n else None,
+                          "top5_err": pytest.approx(np.mean([c not in np.argsort(-q)[:5] for q in expected[mine]]))
+                          if n else None}
+    pairs = {}
+    for t, p in zip(labels.tolist(), top1.tolist()):
+        if t != p:
+            pairs[t, p] = pairs.get((t, p), 0) + 1
+    assert len(pairs) >= 2
+    want = [{"label": t, "label_wnid": wnids[t], "label_name": word(t), "pred": p, "pred_wnid": wnids[p],
+             "pred_name": word(p), "count": m,
+             "share": m / int((labels == t).sum())}
+            for (t, p), m in sorted(pairs.items(), key=lambda kv: (-kv[1], kv[0]))]
+    assert result["confusions"] == want
+    assert result["top1_err"] == np.mean(top1 != labels) and result["n"] == len(data) and result["crops"] == 10
+    # one image a batch: each image's loss is one float32 value, and their sum must be float64's
+    normalizer = Normalizer("image", data.mean_image())
+    single = evaluate(model, data, CROP, normalizer, batch_size=1, progress=False)
+    with torch.no_grad():
+        nll = [-float(predict_log_probs(model, torch.from_numpy(images[i:i + 1]), CROP, normalizer)[0, label])
+               for i, label in enumerate(labels.tolist())]
+    assert single["loss"] == pytest.approx(math.fsum(nll) / len(data), rel=1e-13, abs=0)
+
+
+def test_more_images_than_pixels_a_side_and_the_defaults():
+    """A batch of 70 images of 64 x 64 (more images than pixels on a side), one center view by default,
+    against hand_probs; no warning; 5 views is an error."""
+    rng = np.random.default_rng(3)
+    images = rng.integers(0, 256, (70, 64, 64, 3), dtype=np.uint8)
+    mean = rng.uniform(0, 255, (64, 64, 3)).astype(np.float32)
+    model = PixelLinear(7, CROP, seed=2)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        with torch.no_grad():
+            got = predict_log_probs(model, torch.from_numpy(images), CROP, Normalizer("image", mean))
+    np.testing.assert_allclose(got.exp().numpy(), hand_probs(model, images, mean.astype(np.float64), CROP, 1),
+                               rtol=1e-4, atol=1e-7)
+    with pytest.raises(ValueError, match="^crops must be 1 or 10, got 5$"):
+        predict_log_probs(model, torch.from_numpy(images), CROP, Normalizer("image", mean), crops=5)
+
+
+def test_evaluate_refuses_an_empty_split_and_a_crop_too_large(prep, tmp_path, capfd):
+    import shutil
+    root = tmp_path / "data"
+    shutil.copytree(prep[0], root)
+    meta = json.loads((root / "meta.json").read_text())
+    meta["splits"]["empty"] = {"count": 0, "files": []}
+    (root / "meta.json").write_text(json.dumps(meta))
+    model = PixelLinear(4, CROP)
+    normalizer = Normalizer("image", SplitData(root, "val").mean_image())
+    with pytest.raises(ValueError, match=f"^{re.escape(str(root / 'empty'))} holds no images$"):
+        evaluate(model, SplitData(root, "empty"), CROP, normalizer, progress=False)
+    with pytest.raises(ValueError, match=f"^crop 65 is larger than the 64x64 images of {re.escape(str(root / 'val'))}$"):
+        evaluate(model, SplitData(root, "val"), 65, normalizer, progress=False)
+    capfd.readouterr()
+    evaluate(model, SplitData(root, "val"), CROP, normalizer)  # a progress bar unless told otherwise
+    assert "evaluate: 100%" in capfd.readouterr().err
 
 
 def test_bf16_is_close_to_fp32(prep):

@@ -453,6 +453,8 @@ def test_class_names_file_by_hand(tmp_path):
         names_for(["n07", "n01", "n08", "n09"], names, "src")
     with pytest.raises(DataError, match=r"^src gives no words for class\(es\) n06, n07, n08 \(and 2 more\)$"):
         names_for(["n06", "n07", "n08", "n09", "n10", "n01"], names, "src")
+    with pytest.raises(DataError, match=r"^src gives no words for class\(es\) n06, n07, n08 \(and 1 more\)$"):
+        names_for(["n06", "n07", "n08", "n09", "n01"], names, "src")  # four missing: the fourth is counted
 
 
 # -- class subsets by hand -------------------------------------------------------------------------------------

@@ -248,7 +248,8 @@ def test_evaluate_refuses_an_empty_split_and_a_crop_too_large(prep, tmp_path, ca
     normalizer = Normalizer("image", SplitData(root, "val").mean_image())
     with pytest.raises(ValueError, match=f"^{re.escape(str(root / 'empty'))} holds no images$"):
         evaluate(model, SplitData(root, "empty"), CROP, normalizer, progress=False)
-    with pytest.raises(ValueError, match=f"^crop 65 is larger than the 64x64 images of {re.escape(str(root / 'val'))}$"):
+    too_large = f"^crop 65 is larger than the 64x64 images of {re.escape(str(root / 'val'))}$"
+    with pytest.raises(ValueError, match=too_large):
         evaluate(model, SplitData(root, "val"), 65, normalizer, progress=False)
     capfd.readouterr()
     evaluate(model, SplitData(root, "val"), CROP, normalizer)  # a progress bar unless told otherwise

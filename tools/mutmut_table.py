@@ -3,8 +3,9 @@
     mutmut results --all true | python tools/mutmut_table.py 'alexnet.optim.*' ...
 
 Only the mutants whose names match one of the patterns (fnmatch, as `mutmut run` takes them) count.
-Score: killed / (mutants - equivalent), the equivalent ones being those docs/MUTANTS.md lists as
-"equivalent" (its table rows starting with the mutant's name in backquotes).
+Score: (killed + timeout) / (mutants - equivalent), the equivalent ones being those docs/MUTANTS.md
+lists as "equivalent" (its table rows starting with the mutant's name in backquotes). A timeout is a
+mutant that made its tests hang (a loop that no longer ends): the suite does not pass it either.
 """
 from __future__ import annotations
 
@@ -30,13 +31,13 @@ def equivalents(doc: Path = DOC) -> set[str]:
     return set(re.findall(r"^\| `([^`]+)` \| equivalent", doc.read_text(), flags=re.MULTILINE))
 
 
-def main(patterns: list[str], lines: list[str]) -> int:
+def main(patterns: list[str], lines: list[str], doc: Path = DOC) -> int:
     results = {}
     for line in lines:
         name, sep, status = line.strip().rpartition(": ")
         if sep and any(fnmatch.fnmatch(name, p) for p in patterns or ["*"]):
             results[name] = status
-    equivalent = equivalents()
+    equivalent = equivalents(doc)
     counts: dict[str, Counter] = defaultdict(Counter)
     for name, status in results.items():
         counts[module_of(name)][status] += 1
@@ -47,9 +48,9 @@ def main(patterns: list[str], lines: list[str]) -> int:
         c = sum(counts.values(), Counter()) if module == "total" else counts[module]
         total = sum(c[s] for s in STATUSES)
         judged = total - c["equivalent"]
-        score = f"{100 * c['killed'] / judged:.1f} %" if judged else "-"
+        score = f"{100 * (c['killed'] + c['timeout']) / judged:.1f} %" if judged else "-"
         print(" | ".join([module, str(total), *(str(c[s]) for s in STATUSES), str(c["equivalent"]), score]))
-    left = sorted(n for n, s in results.items() if s != "killed")
+    left = sorted(n for n, s in results.items() if s not in ("killed", "timeout"))
     print(f"\nnot killed ({len(left)}; 'E': listed as equivalent in {DOC.name}):")
     for name in left:
         print(f"  {'E' if name in equivalent else ' '} {name}: {results[name]}")

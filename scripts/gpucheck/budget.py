@@ -17,6 +17,11 @@ class Budget:
     def spent(self) -> float:
         return time.monotonic() - self.start
 
+    def started_at(self) -> float:
+        """The start as a wall-clock time (seconds since the epoch): how a watcher outside the process
+        checks that the run, its clean-up included, ended within the budget."""
+        return time.time() - self.spent()
+
     def left(self) -> float:
         """Seconds the steps may still use."""
         return self.total - self.reserve - self.spent()

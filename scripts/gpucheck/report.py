@@ -123,7 +123,8 @@ def render_md(env: dict, args, results: list[Result], budget: Budget) -> str:
 def write_reports(out: Path, env: dict, args, results: list[Result], budget: Budget) -> None:
     failed = any(r.status == "failed" for r in results)
     report = {"environment": env, "sequence": args.sequence, "budget_s": budget.total,
-              "reserve_s": budget.reserve, "seconds": round(budget.spent(), 1), "exit_code": 1 if failed else 0,
+              "reserve_s": budget.reserve, "started_at": round(budget.started_at(), 3),
+              "seconds": round(budget.spent(), 1), "exit_code": 1 if failed else 0,
               "steps": [{**asdict(r), "seconds": round(r.seconds, 1)} for r in results]}
     for name, text in (("gpu_check.json", json.dumps(report, indent=1, default=str) + "\n"),
                        ("gpu_check.md", render_md(env, args, results, budget))):

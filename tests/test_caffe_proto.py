@@ -6,6 +6,7 @@ and OpenCV's oracle are in tests/test_caffe.py.
 """
 from __future__ import annotations
 
+import os
 import re
 import struct
 
@@ -230,3 +231,51 @@ def test_nets_by_hand(tmp_path):
     with pytest.raises(FormatError) as e:
         caffe_proto.read_blobproto(junk)
     assert str(e.value) == f"{junk}: not a Caffe BlobProto (.binaryproto): a blob of shape (2,) holds 1 values"
+
+
+def test_a_v1_layer_without_a_type_and_a_name_that_is_not_utf8(tmp_path):
+    """A V1 layer with no type field is type 0 (protobuf's default), named so; a name's bytes that are not
+    UTF-8 are replaced in the damaged-layer message, not an error of their own."""
+    v1 = pb_bytes(2, pb_str(4, "untyped")) + pb_bytes(2, pb_str(4, "relu") + pb_int(5, 18))
+    layers, version = caffe_proto.read_net(_net_file(tmp_path, v1))
+    assert version == "V1" and [(x.name, x.type) for x in layers] == [("untyped", "V1 type 0"), ("relu", "ReLU")]
+    path = _net_file(tmp_path, pb_bytes(100, pb_bytes(1, b"c\xff1") + b"\x0f"), "badname.caffemodel")
+    with pytest.raises(FormatError) as e:
+        caffe_proto.read_net(path)
+    assert str(e.value) == f"{path}: layer 0 'c\ufffd1' is damaged (wire type 7 at byte 8)"  # 3 + 5 bytes before it
+
+
+def test_garbage_after_three_layers_names_the_last_good_one(tmp_path):
+    net = b"".join(layer("V2", f"r{i}", "ReLU", "x", "x") for i in range(3))
+    path = _net_file(tmp_path, net + b"\x0f")
+    with pytest.raises(FormatError) as e:
+        caffe_proto.read_net(path)
+    assert str(e.value) == (f"{path}: not a Caffe model (protobuf NetParameter): wire type 7 at byte {len(net)}, "
+                            "after layer 2 'r2'")
+
+
+def test_unpacked_values_followed_by_other_fields_and_an_empty_blob():
+    """A run of unpacked floats ends where another field starts (the values after it are not read as
+    floats); a blob of shape (0,) without data is an empty float32 array."""
+    a = np.arange(5, dtype=np.float32)
+    body = blob(a, legacy=False, packed=False) + pb_int(99, 7) + pb_str(98, "tail bytes: 13")
+    buf = bytearray(body)
+    got = caffe_proto.read_blob(buf, (0, len(buf)))
+    assert got.dtype == np.float32 and got.tolist() == a.tolist()
+    empty = bytearray(pb_bytes(7, pb_bytes(1, varint(0))))
+    got = caffe_proto.read_blob(empty, (0, len(empty)))
+    assert got.dtype == np.float32 and got.shape == (0,)
+
+
+def test_a_file_that_shrinks_while_read(tmp_path, monkeypatch):
+    """fstat says one size, the read gets fewer bytes (the file was cut meanwhile): named, one line."""
+    path = _net_file(tmp_path, layer("V2", "r", "ReLU", "x", "x"))
+    real = caffe_proto.os.fstat
+
+    def larger(fd):
+        st = real(fd)
+        return os.stat_result((*st[:6], st.st_size + 10, *st[7:]))
+    monkeypatch.setattr(caffe_proto.os, "fstat", larger)
+    with pytest.raises(FormatError) as e:
+        caffe_proto.read_bytes(path)
+    assert str(e.value) == f"{path}: changed while being read"

@@ -10,6 +10,7 @@ import json
 import os
 import shutil
 import tarfile
+import zlib
 from pathlib import Path
 
 import pytest
@@ -267,3 +268,49 @@ def test_a_name_held_twice_is_still_refused(synth, tmp_path):
                                                           _add(tf, f"{CLASS}/twice.JPEG", _image(synth))))
     r = cli("--train-dir", archive, "--out", tmp_path / "out", "--size", 32, "--workers", 1)
     assert r.returncode == 2 and "appear more than once" in r.stderr and f"{CLASS}/twice.JPEG" in r.stderr, r.stderr
+
+
+def _member_bytes(name: str, data: bytes) -> bytes:
+    """One regular member as tar writes it (header, data padded to 512 bytes), without the archive's end."""
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w", format=tarfile.GNU_FORMAT) as tf:
+        ti = tarfile.TarInfo(name)
+        ti.size = len(data)
+        tf.addfile(ti, io.BytesIO(data))
+        end = tf.offset
+    return buf.getvalue()[:end]
+
+
+def test_an_archive_ending_with_one_zero_block_is_whole_and_without_it_is_cut(tmp_path):
+    """tar's end is a zero block: one that ends the file exactly is enough; none at all is a cut archive."""
+    body = _member_bytes("n01/a.JPEG", b"x" * 700)  # 512 header + 1024 data
+    whole = tmp_path / "whole.tar"
+    whole.write_bytes(body + bytes(512))
+    rows, others = archives.index_tar(str(whole))
+    assert rows == [["n01/a.JPEG", 512, 700, zlib.crc32(body[:512])]] and others == []
+    cut = tmp_path / "cut.tar"
+    cut.write_bytes(body)
+    with pytest.raises(archives.ArchiveError) as e:
+        archives.index_tar(str(cut))
+    assert str(e.value) == (f"{cut} ends without tar's end-of-archive block after 1 members: truncated? "
+                            "(download it again)")
+
+
+def test_a_link_inside_an_inner_tar_is_named_with_the_inner_tar(tmp_path):
+    inner = io.BytesIO()
+    with tarfile.open(fileobj=inner, mode="w") as tf:
+        ti = tarfile.TarInfo("a.JPEG")
+        ti.size = 3
+        tf.addfile(ti, io.BytesIO(b"abc"))
+        link = tarfile.TarInfo("b.JPEG")
+        link.type, link.linkname = tarfile.SYMTYPE, "gone.JPEG"
+        tf.addfile(link)
+    path = tmp_path / "train.tar"
+    with tarfile.open(path, "w") as tf:
+        ti = tarfile.TarInfo("n01.tar")
+        ti.size = len(inner.getvalue())
+        tf.addfile(ti, io.BytesIO(inner.getvalue()))
+    rows, others = archives.index_tar(str(path))
+    assert [r[0] for r in rows] == [["n01.tar", "a.JPEG"]]
+    assert others == [[["n01.tar", "b.JPEG"],
+                       f"symbolic link to gone.JPEG, which {path}:n01.tar does not hold as a file: not read"]]

@@ -314,3 +314,45 @@ def test_a_link_inside_an_inner_tar_is_named_with_the_inner_tar(tmp_path):
     assert [r[0] for r in rows] == [["n01.tar", "a.JPEG"]]
     assert others == [[["n01.tar", "b.JPEG"],
                        f"symbolic link to gone.JPEG, which {path}:n01.tar does not hold as a file: not read"]]
+
+
+def _tar_file(path: Path, mode: str, members: dict[str, bytes]) -> Path:
+    with tarfile.open(path, mode) as tf:
+        for name, data in members.items():
+            ti = tarfile.TarInfo(name)
+            ti.size = len(data)
+            tf.addfile(ti, io.BytesIO(data))
+    return path
+
+
+def test_the_index_says_what_it_indexes_and_keeps_it_compact(tmp_path, capfd):
+    """A tar and a gzip shard indexed into an output folder that does not exist yet: one line naming
+    both, the shard's fingerprint (crc32 of its ends) kept, compact JSON; a second look reads the file."""
+    tar = _tar_file(tmp_path / "a.tar", "w", {"n01/x.JPEG": b"abc"})
+    shard = _tar_file(tmp_path / "b.tar.gz", "w:gz", {"n02_y.JPEG": b"defg"})
+    out = tmp_path / "not" / "yet" / "out"
+    got = archives.SourceIndex(out).members([str(tar), str(shard)])
+    err = capfd.readouterr().err
+    assert err == (f"preprocess: indexing 2 archive(s) once (kept in {out / archives.INDEX_NAME}): "
+                   "a.tar, b.tar.gz\n")
+    blob = shard.read_bytes()
+    assert got[str(shard)]["kind"] == "shard" and got[str(shard)]["edges"] == [zlib.crc32(blob), zlib.crc32(blob)]
+    assert got[str(tar)]["kind"] == "tar" and "edges" not in got[str(tar)]
+    text = (out / archives.INDEX_NAME).read_text()
+    assert text.startswith('{"version":2,"archives":{') and ", " not in text and ": " not in text
+    again = archives.SourceIndex(out, quiet=True).members([str(tar), str(shard)])
+    assert again == got and capfd.readouterr().err == ""
+
+
+def test_an_archive_changed_while_indexed_is_refused(tmp_path, monkeypatch):
+    tar = _tar_file(tmp_path / "a.tar", "w", {"n01/x.JPEG": b"abc"})
+    real = archives.index_tar
+
+    def index_then_touch(path):
+        out = real(path)
+        os.utime(path, ns=(1, 1))  # another mtime: the stamp taken before indexing no longer holds
+        return out
+    monkeypatch.setattr(archives, "index_tar", index_then_touch)
+    with pytest.raises(ArchiveError) as e:
+        archives.SourceIndex(tmp_path / "out", quiet=True).members([str(tar)])
+    assert str(e.value) == f"archive {tar} changed while it was being indexed"

@@ -520,5 +520,8 @@ def test_images_per_class_and_empty_classes():
         _no_empty_classes(Split("r", items[4:5]), [f"c{i}" for i in range(8)])
     assert str(e.value).startswith("train dir r: 7 class folder(s) hold no image file: c0, c1, c3, c4, c5 (and 2 "
                                    "more); remove them")
-    with pytest.raises(DataError, match="6 class folder"):
+    with pytest.raises(DataError, match=r"^train dir r: 6 class folder\(s\) hold no image file: c0, c1, c3, c4, c5 "
+                                        r"\(and 1 more\); remove them"):
         _no_empty_classes(Split("r", items[4:5]), [f"c{i}" for i in range(7)])
+    with pytest.raises(DataError, match=r"^train dir r: 5 class folder\(s\) hold no image file: c0, c1, c3, c4, c5; "):
+        _no_empty_classes(Split("r", items[4:5]), [f"c{i}" for i in range(6)])  # five: all named, no "more"

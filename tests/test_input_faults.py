@@ -29,6 +29,7 @@ from alexnet.weights.common import FormatError, load_npy
 from alexnet.weights.load import load_weights
 from data.batchfile import BatchFileError, atomic_write_bytes, open_batch_file
 from tests.conftest import REPO, run_script, tiny_overrides
+from tools.faultcheck.tool_cases import SLOW_EVAL as FAULT_TABLE_SLOW_EVAL
 
 TRACEBACK = "Traceback (most recent call last)"
 # train.lr holding 9^9 'lol's once expanded: 2.6 GB of memory, and a message quoting them of 802 MB
@@ -406,13 +407,8 @@ def test_the_launcher_forwards_sighup_and_takes_129_as_a_stop(tmp_path):
     assert proc.returncode == 128 + signal.SIGHUP and "stopping the other replicas" not in err, err
 
 
-SLOW_EVAL = """import pathlib, time, alexnet.evaluation as ev
-_real = ev.predict_log_probs
-def slow(*a, **k):
-    pathlib.Path({mark!r}).touch()
-    time.sleep(60)
-    return _real(*a, **k)
-ev.predict_log_probs = slow
+# the fault table's slow evaluate (tools/faultcheck), run as a script: a stop signal comes while it evaluates
+SLOW_EVAL = FAULT_TABLE_SLOW_EVAL + """
 import runpy
 sys.argv = sys.argv[1:]
 runpy.run_path(sys.argv[0], run_name="__main__")

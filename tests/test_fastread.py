@@ -215,3 +215,16 @@ def test_benchmark_read_reports_every_path(tmp_path):
         assert part in whats
     assert all(row["img_per_s"] > 0 and row["GB_per_s"] >= 0 and row["vs_memory_bound"] > 0 for row in rows)
     assert {row["batch"] for row in rows} == {16, 8}
+
+
+def test_the_read_table_never_rounds_a_slow_path_to_zero():
+    """A path at 1/2500 of the memory bound is 0.0004 of it, not 0.0 (3 decimals gave 0.0 on a loaded
+    machine and the benchmark's own test failed)."""
+    import sys
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
+    from bench.read import rate_table
+    rows = [("memory bound (one copy)", 64), ("format 1 (h5py)", 64), ("format 2", 64)]
+    table = rate_table(rows, [50000.0, 20.0, 12345.0], 3 * 64 * 64)
+    assert [r["vs_memory_bound"] for r in table] == [1.0, 0.0004, 0.247]
+    assert [r["img_per_s"] for r in table] == [50000, 20, 12345]
+    assert [r["GB_per_s"] for r in table] == [0.61, 0.0, 0.15]

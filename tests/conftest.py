@@ -11,6 +11,8 @@ from pathlib import Path
 
 import pytest
 
+from tests import children
+
 REPO = Path(__file__).resolve().parents[1]
 # One torch thread per process (inherited by every subprocess, xdist worker and replica): the suite runs
 # two workers that start replicas and loader processes on 2 cores, and torch's OpenMP threads then
@@ -19,10 +21,11 @@ REPO = Path(__file__).resolve().parents[1]
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 
-def run_script(*args: str, timeout: float = 120, env: dict | None = None, **kw) -> subprocess.CompletedProcess:
-    """Run a repository script with this interpreter; output captured as text."""
+def run_script(*args: str, cpu_s: float = 120, env: dict | None = None, **kw) -> subprocess.CompletedProcess:
+    """Run a repository script with this interpreter; output captured as text. `cpu_s`: the CPU seconds its
+    processes may use; it may take as long as it needs while it makes progress (tests/children.py)."""
     full_env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
-    return subprocess.run([sys.executable, *args], cwd=REPO, capture_output=True, text=True, timeout=timeout,
+    return children.run([sys.executable, *args], cwd=REPO, cpu_s=cpu_s,
                           env=full_env, **kw)
 
 

@@ -60,7 +60,7 @@ def columns_run(factory) -> Path:
     def build(folder: Path) -> None:
         over = tiny_overrides(data, folder / "run", **SPEED, **{"parallel.model": "columns", "parallel.model_size": 2,
                                                                 "train.epochs": 1})
-        r = run_script("train.py", "configs/demo.yaml", *over, timeout=300)
+        r = run_script("train.py", "configs/demo.yaml", *over, cpu_s=300)
         assert r.returncode == 0, r.stderr[-3000:]
     return shared(factory, "columns_run", build) / "run"
 

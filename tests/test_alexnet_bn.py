@@ -466,7 +466,7 @@ def test_columns_train_like_one_process(train_data, tmp_path):
     one, cols = tmp_path / "one", tmp_path / "columns"
     train_run(train_data, one, **ONE_EPOCH, **{"train.batch_size": 8})
     train_run(train_data, cols, **ONE_EPOCH, **{"train.batch_size": 8, "parallel.model": "columns",
-                                                "parallel.model_size": 2}, timeout=420)
+                                                "parallel.model_size": 2}, cpu_s=420)
     c = compare_checkpoints(cols / "checkpoints" / "last.pt", one / "checkpoints" / "last.pt")
     assert max(c["weights"], c["velocities"]) <= 1e-5  # "weights" covers every state-dict entry, statistics too
     state = load(cols / "checkpoints" / "last.pt")["model"]

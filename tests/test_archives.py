@@ -28,6 +28,7 @@ from data.distributions import write_formats, write_val_tar
 from data.preprocess import Options, preprocess
 from data.procs import child_pids
 from data.synthetic import synthetic_tree
+from tests import children
 from tests.conftest import REPO, run_script
 from tests.test_preprocess import cli, cmdline, same_batches, same_output, start_slow, wait_for_files
 
@@ -146,7 +147,7 @@ def test_archive_truncated_mid_run_stops_keeps_files_and_resumes(formats, route_
     proc = start_slow([*args, "--quiet"])
     wait_for_files(out / "train", 2, proc)
     os.truncate(tar, len(good) // 2)
-    _, err = proc.communicate(timeout=60)
+    _, err = children.communicate(proc, cpu_s=60)
     assert proc.returncode == 2, err
     assert str(tar) in err and "finished batch files are kept" in err
     done = list((out / "train").glob("[0-9]*.h5"))
@@ -196,7 +197,7 @@ def test_kill9_mid_run_then_rerun_equals_an_uninterrupted_run(route, formats, sy
     wait_for_files(out / "train", 2, proc)
     workers = [p for p in child_pids(proc.pid) if "resource_tracker" not in cmdline(p)]
     proc.send_signal(signal.SIGKILL)
-    proc.communicate(timeout=60)
+    children.communicate(proc, cpu_s=60)
     deadline = time.time() + 30
     while any(Path(f"/proc/{p}").exists() for p in workers):  # they follow their parent (PDEATHSIG)
         assert time.time() < deadline, "workers outlived the killed run"
@@ -231,13 +232,10 @@ def test_ctrl_c_while_streaming_shards_stops_at_once(formats, tmp_path):
     started = tmp_path / "started"  # the first member of a pass is read: a pass has ~5 s to go
     proc = subprocess.Popen([sys.executable, "-c", SLOW_SHARDS.format(repo=str(REPO), started=str(started)),
                              *map(str, args)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    deadline = time.time() + 60
-    while not started.exists():
-        assert proc.poll() is None and time.time() < deadline, proc.communicate()
-        time.sleep(0.05)
+    children.wait_until(started.exists, proc, cpu_s=60, what="no member was read")
     start = time.time()
     proc.send_signal(signal.SIGINT)
-    _, err = proc.communicate(timeout=30)
+    _, err = children.communicate(proc, cpu_s=30)
     assert proc.returncode == 130 and "interrupted" in err, err
     assert time.time() - start < 2.5
 

@@ -2,7 +2,6 @@
 attempt left in the shared store; a rank that never comes is named; a start-up that hangs is cut short."""
 from __future__ import annotations
 
-import subprocess
 import sys
 import threading
 import time
@@ -11,6 +10,7 @@ import pytest
 import torch.distributed as dist
 
 from alexnet.distributed import StartError, attempt_store
+from tests import children
 from tests.conftest import REPO
 
 
@@ -71,7 +71,7 @@ def test_a_start_up_that_hangs_ends_with_one_line():
     code = ("import time\nfrom alexnet import distributed\n"
             "with distributed._finished_within(0.5, 'rank 3: joining the other processes'):\n    time.sleep(60)\n")
     start = time.monotonic()
-    r = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=60)
+    r = children.run([sys.executable, "-c", code], cwd=REPO, cpu_s=60)
     assert r.returncode == 1 and time.monotonic() - start < 30
     assert r.stderr.strip().splitlines() == [
         "train.py: error: rank 3: joining the other processes did not finish within 0.5 s (parallel.timeout + 60 s): "
@@ -111,10 +111,10 @@ def test_the_store_host_leaves_last(tmp_path, together=True):
     from alexnet.launch import free_port
     ctx = mp.start_processes(_leaver, args=(free_port(), str(tmp_path), together), nprocs=3, start_method="spawn",
                              join=False)
-    deadline, failed = time.monotonic() + 60, ""
+    watch, failed = children.Watch([p.pid for p in ctx.processes], "3 spawned members", cpu_s=120), ""
     try:
-        while not ctx.join(timeout=1) and time.monotonic() < deadline:
-            pass
+        while not ctx.join(timeout=children.POLL_S):
+            watch.check()
     except (mp.ProcessRaisedException, mp.ProcessExitedException) as e:
         failed = str(e)
     done = [(tmp_path / f"pair{r}.pt").exists() for r in (1, 2)]

@@ -62,7 +62,7 @@ def check_keys(what: str, result: dict, stdout: str) -> None:
 def test_subcommand_writes_its_keys(tmp_path, what):
     flags = CASES[what][0]
     out = tmp_path / f"{what}.json"
-    r = run_script("scripts/benchmark.py", what, *flags, "--json", str(out), timeout=300)
+    r = run_script("scripts/benchmark.py", what, *flags, "--json", str(out), cpu_s=300)
     assert r.returncode == 0, r.stderr
     check_keys(what, json.loads(out.read_text()), r.stdout)
 
@@ -97,7 +97,7 @@ def test_large_batch_runs_train_py_and_reports_every_point(tmp_path):
     """large-batch --quick: every optimizer at 4 x B through train.py (the grid's steps are the trainer's),
     the gap table and every sweep point, the grid's marked."""
     out = tmp_path / "lb.json"
-    r = run_script("scripts/benchmark.py", "large-batch", "--quick", "--json", str(out), timeout=300)
+    r = run_script("scripts/benchmark.py", "large-batch", "--quick", "--json", str(out), cpu_s=300)
     assert r.returncode == 0, r.stderr
     result = json.loads(out.read_text())
     check_keys("large-batch", result, r.stdout)

@@ -8,7 +8,6 @@ from __future__ import annotations
 import csv
 import json
 import re
-import subprocess
 import sys
 import tracemalloc
 
@@ -26,6 +25,7 @@ from alexnet.weights.convert import to_theano
 from alexnet.weights.mean_image import caffe_channel_mean, read_mean_image
 from data.reader import SplitData
 from layers import LRN, lrn_with_halo, make_lrn
+from tests import children
 from tests.caffe_nets import (
     SMALL,
     blob,
@@ -391,7 +391,6 @@ def test_peak_memory_of_a_full_size_import_is_about_twice_the_file(full_size):
             "def kib(key):\n"
             "    return next(int(x.split()[1]) for x in open('/proc/self/status') if x.startswith(key))\n"
             "base = kib('VmRSS:'); load_weights(sys.argv[1]); print((kib('VmHWM:') - base) * 1024)")
-    r = subprocess.run([sys.executable, "-c", code, str(path), str(REPO)], capture_output=True, text=True,
-                       timeout=300)
+    r = children.run([sys.executable, "-c", code, str(path), str(REPO)], cpu_s=300)
     assert r.returncode == 0, r.stderr
     assert int(r.stdout) <= 2.2 * path.stat().st_size, (int(r.stdout), path.stat().st_size)

@@ -119,10 +119,10 @@ def test_slow_checkpoint_write_does_not_trip_the_collective_timeout(train_data, 
     ref, run = tmp_path / "ref", tmp_path / "run"
     common = {**DETERMINISTIC, "train.batch_size": 8, "parallel.replicas": 2, "parallel.exchange": "gradients",
               "train.epochs": 2, "train.log_every": 1}
-    r = run_script("train.py", "configs/demo.yaml", *tiny_overrides(train_data, ref, **common), timeout=300)
+    r = run_script("train.py", "configs/demo.yaml", *tiny_overrides(train_data, ref, **common), cpu_s=300)
     assert r.returncode == 0, r.stderr[-3000:]
     r = run_script("train.py", "configs/demo.yaml", *tiny_overrides(train_data, run, **{
-        **common, "parallel.timeout": 4}), timeout=300, env={"PYTHONPATH": str(hook)})
+        **common, "parallel.timeout": 4}), cpu_s=300, env={"PYTHONPATH": str(hook)})
     assert r.returncode == 0, r.stderr[-3000:]
     assert rel_diff(run, ref) == 0 and load(run / "checkpoints" / "last.pt")["epoch"] == 2
 

@@ -3,21 +3,20 @@ with it."""
 import json
 import os
 import shutil
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 import yaml
 
+from tests import children
 from tools import claims
 
 ROOT = Path(__file__).resolve().parent.parent
 
 
 def test_every_number_of_the_docs_has_a_source_that_agrees():
-    r = subprocess.run([sys.executable, "tools/claims.py", "--quiet"], cwd=ROOT, capture_output=True, text=True,
-                       timeout=60)
+    r = children.run([sys.executable, "tools/claims.py", "--quiet"], cwd=ROOT, cpu_s=60)
     assert r.returncode == 0, r.stderr
     assert r.stdout == ""
 
@@ -77,8 +76,8 @@ def test_a_wrong_number_in_a_table_row_fails(tmp_path):
     assert claims.check(root)[1] == []
     problems = problems_after(root, "| 256 | 5,526 |", "| 256 | 5,562 |", doc="docs/preprocessing.md")
     assert any("'5,562' disagrees with docs/benchmarks/read_cpu.json:rows/0/img_per_s = 5526" in p for p in problems)
-    r = subprocess.run([sys.executable, str(ROOT / "tools/claims.py"), "--quiet", "--root", str(root)],
-                       capture_output=True, text=True, timeout=60)
+    r = children.run([sys.executable, str(ROOT / "tools/claims.py"), "--quiet", "--root", str(root)],
+                       cpu_s=60)
     assert r.returncode == 1 and "5,562" in r.stderr
 
 

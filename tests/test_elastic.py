@@ -18,6 +18,7 @@ import pytest
 from alexnet.checkpoint import compare_checkpoints
 from alexnet.launch import free_port
 from alexnet.metrics import read_metrics, without_wall_clock
+from tests import children
 from tests.conftest import REPO, run_script, tiny_overrides
 
 pytestmark = pytest.mark.slow
@@ -34,7 +35,7 @@ RUN = {"data.shuffle": False, "data.random_crop": False, "data.flip": False, "mo
 def uninterrupted(train_data, tmp_path_factory):
     run = tmp_path_factory.mktemp("uninterrupted")
     r = run_script("train.py", "configs/demo.yaml", *tiny_overrides(train_data, run, **RUN, **{"parallel.replicas": 2}),
-                   timeout=300)
+                   cpu_s=300)
     assert r.returncode == 0, r.stderr[-3000:]
     return run
 
@@ -56,7 +57,7 @@ def run_agents(commands: list[list[str]], kills: str, overrides: list[str]) -> l
     done = []
     try:
         for agent in agents:
-            out, err = agent.communicate(timeout=300)
+            out, err = children.communicate(agent, cpu_s=300)
             done.append(subprocess.CompletedProcess(agent.args, agent.returncode, out, err))
     finally:
         for agent in agents:  # a hung job: its agents and their workers go with the test

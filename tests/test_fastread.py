@@ -13,6 +13,7 @@ import pytest
 from data.batchfile import BatchFileError, read_batch_file, read_file_attrs
 from data.reader import BatchReader, SplitData
 from data.upgrade import convert_file
+from tests import children
 
 
 def format_1_copy(src: Path, dst: Path) -> Path:
@@ -166,8 +167,8 @@ def test_reader_works_after_fork_and_spawn(prep, method):
     queue = ctx.Queue()
     proc = ctx.Process(target=_read_in_child, args=(data, idx, queue))
     proc.start()
-    got = queue.get(timeout=60)
-    proc.join(timeout=60)
+    got = children.get(queue, proc.pid, f"a {method} reader", cpu_s=60)
+    proc.join()
     assert proc.exitcode == 0 and got == expect
     assert data.read(idx)[0].sum(dtype=np.int64) == expect  # the parent's handles still work
 

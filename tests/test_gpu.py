@@ -41,7 +41,7 @@ def test_two_replicas_on_one_gpu_agree_with_cpu(train_data, tmp_path, exchange, 
                                   "train.batch_size": 8, "parallel.exchange": exchange,
                                   "parallel.transport": transport, "data.loading": "process"})):
         r = run_script("train.py", "configs/demo.yaml", *tiny_overrides(train_data, run, **{**common, **extra}),
-                       timeout=600)
+                       cpu_s=600)
         assert r.returncode == 0, r.stderr[-3000:]
     assert rel_diff(gpu_two, gpu_one) <= 1e-4
     assert rel_diff(gpu_two, cpu_one) <= 1e-3  # GPU and CPU kernels sum in other orders
@@ -230,7 +230,7 @@ def test_deterministic_cuda_training_repeats_bitwise(train_data, tmp_path):
     for name in ("a", "b"):
         run = tmp_path / name
         r = run_script("train.py", "configs/demo.yaml", *tiny_overrides(train_data, run, **{
-            **DETERMINISTIC, "run.device": "cuda", "model.dropout": 0.5, "train.deterministic": True}), timeout=600)
+            **DETERMINISTIC, "run.device": "cuda", "model.dropout": 0.5, "train.deterministic": True}), cpu_s=600)
         assert r.returncode == 0, r.stderr[-3000:]
         runs.append(run)
     from tests.test_train import assert_same_weights

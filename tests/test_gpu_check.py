@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import threading
@@ -14,6 +15,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from tests import children
 from tests.conftest import REPO
 from tests.test_benchmarks import CASES, IN_GPU_BENCH_TWIN, check_keys
 
@@ -25,7 +27,8 @@ CUDA_ONLY = {"pytest-gpu": "CUDA", "multi-nccl-weights": "needs 2 GPUs, found 0"
              "multi-ddp-nccl": "needs 2 GPUs, found 0", "multi-torchrun": "needs 2 GPUs, found 0",
              "speed-compile": "CPU twin"}
 # bench-train's own CPU limit is 60 s: the budget cuts it unless the start-up took over 38 s (it took 23 s
-# with four processes importing torch on a loaded 2-core machine)
+# with four processes importing torch beside a second suite on 2 cores, 41 s beside two suites and a
+# mutation run: then bench-train is out of time, the budget's other outcome, which the test accepts)
 OVERRUN_BUDGET = 60.0
 # The four runs, started together (those that mostly sleep first, so that their start-up is not the
 # last): two with injected faults, and the two sequences at tiny sizes, with a budget no loaded CI
@@ -57,8 +60,8 @@ class Run:
         self.ended_at = time.time()
         self.ended = time.monotonic()
 
-    def result(self, timeout: float = 1200) -> Run:
-        self.proc.wait(timeout=timeout)
+    def result(self, cpu_s: float = 1200) -> Run:
+        children.wait(self.proc, cpu_s)
         while self.ended is None:
             time.sleep(0.01)
         return self
@@ -151,9 +154,16 @@ def test_a_budget_overrun_is_skipped_not_failed_and_the_run_ends_within_the_budg
     r = runs["overrun"].result()
     assert r.proc.returncode == 0, r.stdout[-3000:]
     cut, own = r.steps["bench-train"], table.BY_NAME["bench-train"].limit[1]
-    assert cut["status"] == "skipped" and cut["reason"].startswith("cut short by the budget after"), cut
-    assert cut["limit_s"] < own == cut["own_limit_s"]
-    assert f"{cut['limit_s']:.0f}/{own:.0f}" in r.md
+    if cut["reason"].startswith("out of time: "):
+        # The budget's other outcome, which wall time decides: the start-up (four processes importing torch
+        # beside three suites, once) left under the 20 s that bench-train needs to start. The cut itself is
+        # then not seen here (test_plan_cuts_a_step_to_the_budget_or_skips_it holds it in-process); the rest is.
+        left = float(re.match(r"out of time: (\d+) s of the budget left", cut["reason"]).group(1))
+        assert cut["status"] == "skipped" and left < max(own / 3, 10), cut
+    else:
+        assert cut["status"] == "skipped" and cut["reason"].startswith("cut short by the budget after"), cut
+        assert cut["limit_s"] < own == cut["own_limit_s"]
+        assert f"{cut['limit_s']:.0f}/{own:.0f}" in r.md
     for name in ("bench-loading", "bench-exchange"):
         assert r.steps[name]["status"] == "skipped" and r.steps[name]["reason"].startswith("out of time")
     # the budget counts from the entry script's first line (the report's started_at) to the process's exit,

@@ -21,6 +21,7 @@ from alexnet.checkpoint import load
 from alexnet.config import load_config
 from alexnet.metrics import read_metrics
 from alexnet.preflight import check_run
+from tests import children
 from tests.conftest import REPO, tiny_overrides
 
 INLINE = {"data.loading": "inline"}
@@ -158,7 +159,7 @@ def test_a_second_ctrl_c_stops_at_once(small, tmp_path, slow):
         assert proc.poll() is None, "".join(seen)
         start = time.monotonic()
         proc.send_signal(signal.SIGINT)
-        _, rest = proc.communicate(timeout=30)
+        _, rest = children.communicate(proc, cpu_s=30)
     finally:
         proc.kill()
     assert time.monotonic() - start < 10, f"the second Ctrl-C waited for the {slow}"

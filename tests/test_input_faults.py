@@ -28,6 +28,7 @@ from alexnet.models import build_model
 from alexnet.weights.common import FormatError, load_npy
 from alexnet.weights.load import load_weights
 from data.batchfile import BatchFileError, atomic_write_bytes, open_batch_file
+from tests import children
 from tests.conftest import REPO, run_script, tiny_overrides
 from tools.faultcheck.tool_cases import SLOW_EVAL as FAULT_TABLE_SLOW_EVAL
 
@@ -162,17 +163,16 @@ def test_preprocess_negative_seed_writes_nothing(synth, tmp_path):
 # -- 2 and 4. standard streams that go away ---------------------------------------------------------------
 
 
-def _run(argv: list[str], stdout: str, timeout: float = 180, **kw) -> subprocess.CompletedProcess:
+def _run(argv: list[str], stdout: str, cpu_s: float = 180, **kw) -> subprocess.CompletedProcess:
     """A repository script with its stdout "closed" (>&-) or a "pipe" whose reader is gone (| head)."""
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     if stdout == "closed":
-        return subprocess.run(["bash", "-c", 'exec "$@" >&-', "_", sys.executable, *argv], cwd=REPO, env=env,
-                              stderr=subprocess.PIPE, text=True, timeout=timeout, **kw)
+        return children.run(["bash", "-c", 'exec "$@" >&-', "_", sys.executable, *argv], cpu_s, cwd=REPO, env=env,
+                            stdout=None, **kw)
     read, write = os.pipe()
     os.close(read)  # no reader: every write is EPIPE, as after `| head -1` read its line
     try:
-        return subprocess.run([sys.executable, *argv], cwd=REPO, env=env, stdout=write, stderr=subprocess.PIPE,
-                              text=True, timeout=timeout, **kw)
+        return children.run([sys.executable, *argv], cpu_s, cwd=REPO, env=env, stdout=write, **kw)
     finally:
         os.close(write)
 
@@ -350,13 +350,9 @@ def test_predict_damaged_meta_is_one_line(train_data, synth, caffenet_weights, t
 
 
 def _wait_for_a_record(run: Path, proc: subprocess.Popen) -> None:
-    deadline = time.monotonic() + 120
-    while time.monotonic() < deadline and proc.poll() is None:
-        metrics = run / "metrics.jsonl"
-        if metrics.exists() and metrics.read_text().count("\n") >= 1:
-            return
-        time.sleep(0.05)
-    raise AssertionError("no train record")
+    metrics = run / "metrics.jsonl"
+    children.wait_until(lambda: metrics.exists() and metrics.read_text().count("\n") >= 1, proc, cpu_s=120,
+                        what="no train record")
 
 
 def test_sighup_checkpoints_and_stops_like_sigterm(train_data, tmp_path):
@@ -366,7 +362,7 @@ def test_sighup_checkpoints_and_stops_like_sigterm(train_data, tmp_path):
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
     _wait_for_a_record(run, proc)
     proc.send_signal(signal.SIGHUP)
-    out, err = proc.communicate(timeout=120)
+    out, err = children.communicate(proc, cpu_s=120)
     assert proc.returncode == 128 + signal.SIGHUP and TRACEBACK not in err, err[-2000:]
     assert "SIGHUP: stopping after this step (checkpoint first)" in err
     state = torch.load(run / "checkpoints" / "last.pt", weights_only=True)
@@ -381,7 +377,7 @@ def test_sighup_ignored_nohup_style_is_left_ignored(train_data, tmp_path):
                             preexec_fn=lambda: signal.signal(signal.SIGHUP, signal.SIG_IGN))
     _wait_for_a_record(run, proc)
     proc.send_signal(signal.SIGHUP)
-    out, err = proc.communicate(timeout=120)
+    out, err = children.communicate(proc, cpu_s=120)
     assert proc.returncode == 0, err[-2000:]
     assert (run / "checkpoints" / "epoch_002.pt").exists()
 
@@ -399,11 +395,9 @@ def test_the_launcher_forwards_sighup_and_takes_129_as_a_stop(tmp_path):
             f"sys.exit(launch_local({str(tmp_path / 'replica.py')!r}, [{str(tmp_path)!r}], 2, 60))")
     proc = subprocess.Popen([sys.executable, "-c", code], cwd=REPO, stderr=subprocess.PIPE, text=True,
                             start_new_session=True)
-    deadline = time.monotonic() + 60
-    while len(list(tmp_path.glob("ready-*"))) < 2 and time.monotonic() < deadline:
-        time.sleep(0.05)
+    children.wait_until(lambda: len(list(tmp_path.glob("ready-*"))) >= 2, proc, cpu_s=60, what="replicas not ready")
     proc.send_signal(signal.SIGHUP)
-    _, err = proc.communicate(timeout=60)
+    _, err = children.communicate(proc, cpu_s=60)
     assert proc.returncode == 128 + signal.SIGHUP and "stopping the other replicas" not in err, err
 
 
@@ -423,11 +417,9 @@ def test_a_stop_signal_during_evaluate_leaves_no_temporary(train_data, caffenet_
                              "--weights", str(caffenet_weights), "--arch", "caffenet", "--no-progress", "--csv",
                              str(tmp_path / "e.csv"), "--json", str(tmp_path / "e.json")], cwd=REPO,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
-    deadline = time.monotonic() + 60
-    while not mark.exists() and proc.poll() is None and time.monotonic() < deadline:
-        time.sleep(0.05)
+    children.wait_until(mark.exists, proc, cpu_s=60, what="evaluation did not start")
     proc.send_signal(sig)
-    _, err = proc.communicate(timeout=60)
+    _, err = children.communicate(proc, cpu_s=60)
     assert proc.returncode == 128 + sig
     assert _one_line(err) == (f"evaluate.py: interrupted by {signal.Signals(sig).name}; nothing written (earlier "
                               "outputs are unchanged)")

@@ -48,7 +48,7 @@ def runs(train_data, tmp_path_factory):
         key = tuple(sorted((k, repr(v)) for k, v in extra.items()))
         if key not in done:
             done[key] = tmp_path_factory.mktemp("run")
-            train(train_data, done[key], timeout=420, **extra)
+            train(train_data, done[key], cpu_s=420, **extra)
         return done[key]
     return get
 
@@ -78,7 +78,7 @@ def test_lamb_model_parallel_resumes_a_single_process_checkpoint(runs, tmp_path,
     half = runs(**LAMB, **{"train.batch_size": 8, "train.max_steps": 6})
     assert load(half / "checkpoints" / "last.pt")["global_step"] == 6  # epoch 1's last step (48 / 8)
     split = tmp_path / "split"
-    train(train_data, split, timeout=420, **LAMB, **{"parallel.model": "fc", "parallel.model_size": 2,
+    train(train_data, split, cpu_s=420, **LAMB, **{"parallel.model": "fc", "parallel.model_size": 2,
                                                       "train.batch_size": 4,
                                                       "run.resume_from": str(half / "checkpoints" / "last.pt")})
     state = load(split / "checkpoints" / "last.pt")

@@ -18,6 +18,7 @@ from data.batchfile import BatchFileError
 from data.loader import InlineLoader, LoaderSpec
 from data.procs import child_pids
 from data.slot_loader import LoaderError, SlotLoader
+from tests import children
 from tests.conftest import REPO, tiny_overrides
 from tests.test_train import assert_same_weights, stable
 
@@ -180,16 +181,12 @@ def _start_training(train_data, run, *extra) -> subprocess.Popen:
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
 
 
-def _wait_for_loader(proc: subprocess.Popen, run, timeout: float = 60) -> int:
+def _wait_for_loader(proc: subprocess.Popen, run) -> int:
     """The loader's pid, once training is under way (metrics written)."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        assert proc.poll() is None, proc.communicate()
+    def loader() -> int:
         kids = [p for p in child_pids(proc.pid) if "resource_tracker" not in _cmdline(p)]
-        if kids and (run / "metrics.jsonl").exists():
-            return kids[0]
-        time.sleep(0.05)
-    raise AssertionError("training did not start")
+        return kids[0] if kids and (run / "metrics.jsonl").exists() else 0
+    return children.wait_until(loader, proc, cpu_s=60, what="training did not start")
 
 
 def _cmdline(pid: int) -> str:
@@ -218,7 +215,7 @@ def test_killed_loader_ends_the_run(train_data, tmp_path):
     loader = _wait_for_loader(proc, tmp_path / "run")
     os.kill(loader, signal.SIGKILL)
     start = time.monotonic()
-    _, err = proc.communicate(timeout=60)
+    _, err = children.communicate(proc, cpu_s=60)
     assert time.monotonic() - start < 30
     assert proc.returncode == 1, err
     assert "loader process alexnet-loader-0" in err and f"pid {loader}" in err and "signal 9" in err
@@ -238,7 +235,7 @@ def test_sigint_stops_both_cleanly(train_data, tmp_path):
     proc = _start_training(train_data, run)
     loader = _wait_for_loader(proc, run)
     os.killpg(proc.pid, signal.SIGINT)  # as Ctrl-C in a terminal: the whole process group
-    out, err = proc.communicate(timeout=60)
+    out, err = children.communicate(proc, cpu_s=60)
     assert proc.returncode == 130, err
     assert "checkpoint at epoch" in out and (run / "checkpoints" / "last.pt").exists()
     assert _gone(loader, 15)

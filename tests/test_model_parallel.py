@@ -186,7 +186,7 @@ def test_hybrid_gradients_reduced_once_each_during_backward(members):
 # -- train.py end to end --------------------------------------------------------------------------------
 
 def run(train_data, run_dir, **extra):
-    return train(train_data, run_dir, timeout=420, **extra)
+    return train(train_data, run_dir, cpu_s=420, **extra)
 
 
 @pytest.fixture(scope="module")

@@ -15,6 +15,7 @@ import pytest
 from alexnet.checkpoint import compare_checkpoints, load
 from alexnet.metrics import read_metrics
 from data.procs import child_pids
+from tests import children
 from tests.conftest import REPO, run_script, signal_handlers_kept, tiny_overrides
 from train import main as train_main
 
@@ -23,7 +24,7 @@ DETERMINISTIC = {"data.shuffle": False, "data.random_crop": False, "data.flip": 
                  "data.loading": "inline", "train.epochs": 2, "train.log_every": 1}
 
 
-def train(train_data, run, timeout: float = 300, **extra) -> subprocess.CompletedProcess:
+def train(train_data, run, cpu_s: float = 300, **extra) -> subprocess.CompletedProcess:
     """train.py with DETERMINISTIC and `extra`; a run of one process runs here (its torch start-up, ~2 s of
     CPU, is already paid), the others as a process tree (returning its output either way)."""
     args = ["configs/demo.yaml", *tiny_overrides(train_data, run, **{**DETERMINISTIC, **extra})]
@@ -32,7 +33,7 @@ def train(train_data, run, timeout: float = 300, **extra) -> subprocess.Complete
         with contextlib.redirect_stdout(out), signal_handlers_kept():
             assert train_main(args) == 0
         return subprocess.CompletedProcess(args, 0, out.getvalue(), "")
-    r = run_script("train.py", *args, timeout=timeout)
+    r = run_script("train.py", *args, cpu_s=cpu_s)
     assert r.returncode == 0, r.stderr[-3000:]
     return r
 
@@ -146,15 +147,11 @@ def _launch(train_data, run, **extra) -> subprocess.Popen:
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
 
 
-def _replicas_training(proc, run, timeout=90) -> list[int]:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        assert proc.poll() is None, proc.communicate()
+def _replicas_training(proc, run) -> list[int]:
+    def training() -> list[int]:
         reps = child_pids(proc.pid)
-        if len(reps) == 2 and (run / "metrics.jsonl").exists() and all(child_pids(p) for p in reps):
-            return reps
-        time.sleep(0.1)
-    raise AssertionError("replicas did not start")
+        return reps if len(reps) == 2 and (run / "metrics.jsonl").exists() and all(map(child_pids, reps)) else []
+    return children.wait_until(training, proc, cpu_s=90, what="replicas did not start")
 
 
 def _tree(pids: list[int]) -> list[int]:
@@ -197,7 +194,7 @@ def assert_fault_ends_the_run(train_data, run, fault: str, **extra) -> None:
     victim = next(p for p in reps if _rank_of(p) == 1)
     os.kill(victim, signal.SIGKILL if fault == "kill" else signal.SIGSTOP)
     start = time.monotonic()
-    _, err = proc.communicate(timeout=120)
+    _, err = children.communicate(proc, cpu_s=120)
     took = time.monotonic() - start
     assert proc.returncode == 1, err[-2000:]
     assert took < (10 if fault == "kill" else 6 + 40), took
@@ -220,9 +217,9 @@ def test_torchrun_single_node_two_processes(train_data, tmp_path, trained):
     """The documented multi-node command, on one machine: torchrun --nnodes=1 --nproc-per-node=2 (gloo)."""
     own, tr = trained(**TWO_GRADIENTS)[0], tmp_path / "torchrun"
     over = tiny_overrides(train_data, tr, **DETERMINISTIC, **TORCHRUN)
-    r = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nnodes=1", "--nproc-per-node=2",
+    r = children.run([sys.executable, "-m", "torch.distributed.run", "--nnodes=1", "--nproc-per-node=2",
                         "--master-port", str(_port()), "train.py", "configs/demo.yaml", *over], cwd=REPO,
-                       capture_output=True, text=True, timeout=300)
+                       cpu_s=300)
     assert r.returncode == 0, r.stderr[-3000:]
     assert rel_diff(tr, own) <= 1e-5  # the same run; thread counts may differ, so not always bitwise
     a, b = read_metrics(tr / "metrics.jsonl"), read_metrics(own / "metrics.jsonl")
@@ -239,7 +236,7 @@ def test_torchrun_two_nodes_on_one_machine(train_data, tmp_path, trained):
                                 "--rdzv-id=alexnet-test", "train.py", "configs/demo.yaml", *over],
                                cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
               for node in (0, 1)]
-    outs = [a.communicate(timeout=300) for a in agents]
+    outs = [children.communicate(a, cpu_s=300) for a in agents]
     for agent, (_, err) in zip(agents, outs):
         assert agent.returncode == 0, err[-3000:]
     assert "2 replica(s)" in outs[0][0] + outs[1][0]

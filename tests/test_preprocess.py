@@ -7,7 +7,6 @@ import shutil
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import numpy as np
@@ -18,6 +17,7 @@ from data.batchfile import BatchFileError, read_batch_file, read_file_attrs
 from data.decode import load_image
 from data.preprocess import Options, preprocess
 from data.procs import child_pids
+from tests import children
 from tests.conftest import REPO, run_script
 
 
@@ -288,12 +288,8 @@ def start_slow(args: list) -> subprocess.Popen:
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
-def wait_for_files(folder: Path, n: int, proc: subprocess.Popen, timeout: float = 60) -> None:
-    deadline = time.time() + timeout
-    while len(list(folder.glob("[0-9]*.h5"))) < n:
-        assert proc.poll() is None, proc.communicate()
-        assert time.time() < deadline, "no batch file appeared"
-        time.sleep(0.02)
+def wait_for_files(folder: Path, n: int, proc: subprocess.Popen, cpu_s: float = 60) -> None:
+    children.wait_until(lambda: len(list(folder.glob("[0-9]*.h5"))) >= n, proc, cpu_s, "no batch file appeared")
 
 
 def same_batches(a: Path, b: Path, splits=("train", "val")) -> None:
@@ -333,7 +329,7 @@ def test_interrupted_run_resumes_to_identical_output(synth, tmp_path, how):
         os.kill(workers[0], signal.SIGKILL)
     else:
         proc.send_signal(signal.SIGINT)
-    _, err = proc.communicate(timeout=60)
+    _, err = children.communicate(proc, cpu_s=60)
     if how == "kill_worker":
         assert proc.returncode == 1 and "worker process died" in err, err
     else:

@@ -21,7 +21,7 @@ import torch
 from PIL import Image
 
 from alexnet.metrics import read_metrics
-from tests import figure_runs
+from tests import children, figure_runs
 from tests.conftest import load_script
 
 CHROMIUM_FLAGS = ("--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
@@ -184,7 +184,7 @@ def test_the_page_renders_in_chromium_offline(demo, tmp_path):
     shot = tmp_path / "shot.png"
     cmd = [*offline_prefix(), chromium(), *CHROMIUM_FLAGS, f"--user-data-dir={tmp_path / 'profile'}",
            f"--screenshot={shot}", "--window-size=1200,2000", (demo / "report.html").resolve().as_uri()]
-    r = subprocess.run(cmd, capture_output=True, text=True, timeout=180)
+    r = children.run(cmd, cpu_s=180)
     assert r.returncode == 0 and shot.is_file(), r.stderr[-2000:]
     pixels = np.asarray(Image.open(shot).convert("RGB")).astype(np.float64)
     assert pixels.shape[:2] == (2000, 1200)

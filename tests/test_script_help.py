@@ -9,9 +9,9 @@ from __future__ import annotations
 import json
 import os
 import re
-import subprocess
 import sys
 
+from tests import children
 from tests.conftest import REPO
 
 # Runs each script given as `--help` in this one process (runpy, as `python SCRIPT --help` would), and
@@ -59,8 +59,8 @@ def test_every_user_script_help_ends_with_an_example(tmp_path):
     scripts = user_scripts()
     assert {"scripts/preprocess.py", "scripts/evaluate.py", "scripts/gpu_check.py", "train.py"} <= set(scripts)
     out = tmp_path / "help.json"
-    r = subprocess.run([sys.executable, "-c", DRIVER, str(out), *scripts], cwd=REPO, capture_output=True,
-                       text=True, timeout=120, env={**os.environ, "COLUMNS": "100"})
+    r = children.run([sys.executable, "-c", DRIVER, str(out), *scripts], cpu_s=120, cwd=REPO,
+                     env={**os.environ, "COLUMNS": "100"})
     assert r.returncode == 0, r.stderr[-3000:]
     results = json.loads(out.read_text())
     bad = [f"{s}: --help exited {results[s]['code']}" for s in scripts if results[s]["code"] != 0]

@@ -8,6 +8,8 @@ import signal
 
 import pytest
 
+from tests import children
+
 
 def _judged(reason: str, required: bool, monkeypatch) -> pytest.TestReport:
     """A skipped test's report after conftest's hook, with ALEXNET_ORACLES_REQUIRED set or not."""
@@ -55,7 +57,6 @@ def test_a_fixture_leaves_no_signal_handler_behind(handler_left_behind):
 def test_children_get_the_terminals_sighup_when_the_suite_runs_under_nohup():
     """nohup starts the suite with SIGHUP ignored, and exec keeps it ignored: a child sent SIGHUP by a test
     would go on (as it should under nohup) and the test would judge that instead of the tool."""
-    import subprocess
     import sys
 
     from tests import conftest
@@ -63,8 +64,8 @@ def test_children_get_the_terminals_sighup_when_the_suite_runs_under_nohup():
     try:
         conftest.pytest_configure(None)
         assert signal.getsignal(signal.SIGHUP) not in (signal.SIG_IGN, signal.SIG_DFL)  # the suite outlives it
-        child = subprocess.run([sys.executable, "-c", "import signal; print(int(signal.getsignal(signal.SIGHUP)))"],
-                               capture_output=True, text=True, timeout=60)
+        child = children.run([sys.executable, "-c", "import signal; print(int(signal.getsignal(signal.SIGHUP)))"],
+                             cpu_s=60)
         assert child.stdout.strip() == str(int(signal.SIG_DFL))
     finally:
         signal.signal(signal.SIGHUP, saved)

@@ -4,7 +4,6 @@ from __future__ import annotations
 import hashlib
 import json
 import re
-import subprocess
 import sys
 from pathlib import Path
 
@@ -13,6 +12,7 @@ import pytest
 from PIL import Image, ImageFile
 
 from data.synthetic import HUES, SHAPES, class_style, generate, main, render, wnid
+from tests import children
 
 REPO = Path(__file__).resolve().parent.parent
 K, TRAIN, VAL = 10, 30, 10
@@ -230,9 +230,9 @@ def test_folders_layout(tmp_path: Path) -> None:
 
 def test_cli_script_from_other_cwd(tmp_path: Path) -> None:
     out = tmp_path / "cli"
-    r = subprocess.run([sys.executable, str(REPO / "scripts" / "make_synthetic.py"), "--out", str(out), "--classes",
+    r = children.run([sys.executable, str(REPO / "scripts" / "make_synthetic.py"), "--out", str(out), "--classes",
                         "3", "--train-per-class", "4", "--val-per-class", "2", "--seed", "5", "--no-quirks"],
-                       cwd=tmp_path, capture_output=True, text=True, timeout=60)
+                       cwd=tmp_path, cpu_s=60)
     assert r.returncode == 0, r.stderr
     assert "val.txt" in r.stdout and "LOC_val_solution.csv" in r.stdout
     m = json.loads((out / "manifest.json").read_text())
@@ -240,9 +240,9 @@ def test_cli_script_from_other_cwd(tmp_path: Path) -> None:
 
 
 def test_cli_module_and_main(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    r = subprocess.run([sys.executable, "-m", "data.synthetic", "--out", str(tmp_path / "mod"), "--classes", "2",
+    r = children.run([sys.executable, "-m", "data.synthetic", "--out", str(tmp_path / "mod"), "--classes", "2",
                         "--train-per-class", "3", "--val-per-class", "1", "--val-layout", "folders"],
-                       cwd=REPO, capture_output=True, text=True, timeout=60)
+                       cwd=REPO, cpu_s=60)
     assert r.returncode == 0, r.stderr
     assert json.loads((tmp_path / "mod" / "manifest.json").read_text())["val_layout"] == "folders"
     assert main(["--out", str(tmp_path / "fn"), "--classes", "2", "--train-per-class", "2",

@@ -451,7 +451,7 @@ def test_train_py_continues_at_the_next_epoch(data256, folder, convert, tmp_path
     capsys.readouterr()
     run_dir = tmp_path / "run"
     r = run_script("train.py", "configs/theano_continue.yaml",
-                   *continue_overrides(data256, run_dir, ckpt, **{"model.dropout_style": "inverted"}), timeout=300)
+                   *continue_overrides(data256, run_dir, ckpt, **{"model.dropout_style": "inverted"}), cpu_s=300)
     assert r.returncode == 0, r.stderr
     assert f"resumed from {ckpt}: epoch {EPOCH + 1}, step 0" in r.stdout
     assert f"continues at lr {np.float32(LR):g}, but this config gives lr 0.01" in r.stdout

@@ -4,7 +4,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import subprocess
 import sys
 from pathlib import Path
 
@@ -15,6 +14,7 @@ import yaml
 import train
 from alexnet.checkpoint import load
 from alexnet.metrics import read_metrics, without_wall_clock
+from tests import children
 from tests.conftest import REPO, run_script, signal_handlers_kept, tiny_overrides
 
 stable = without_wall_clock  # the records two runs of the same training must agree on
@@ -114,13 +114,13 @@ sys.exit(train.main(sys.argv[1:]))
 def test_kill_during_checkpoint_write_keeps_previous(train_data, tmp_path):
     run = tmp_path / "run"
     args = ["configs/demo.yaml", *tiny_overrides(train_data, run)]
-    proc = subprocess.run([sys.executable, "-c", KILL_IN_SAVE.format(repo=str(REPO)), *args], cwd=REPO,
-                          capture_output=True, text=True, timeout=300)
+    proc = children.run([sys.executable, "-c", KILL_IN_SAVE.format(repo=str(REPO)), *args], cwd=REPO,
+                          cpu_s=300)
     assert proc.returncode == -signal.SIGKILL, proc.stderr
     state = load(run / "checkpoints" / "last.pt")  # still loadable: the epoch-1 checkpoint
     assert state["epoch"] == 1 and state["step"] == 0
     assert list((run / "checkpoints").glob(".*.tmp"))  # the half-written file kept its temporary name
-    r = run_script("train.py", *args, timeout=300)  # the same command resumes and finishes
+    r = run_script("train.py", *args, cpu_s=300)  # the same command resumes and finishes
     assert r.returncode == 0, r.stderr
     assert load(run / "checkpoints" / "last.pt")["epoch"] == 2
 
@@ -183,11 +183,11 @@ sys.exit(train.main(sys.argv[1:]))
 """
     split = tmp_path / "split"
     args = ["configs/demo.yaml", *tiny_overrides(train_data, split)]
-    proc = subprocess.run([sys.executable, "-c", hook.format(repo=str(REPO)), *args], cwd=REPO,
-                          capture_output=True, text=True, timeout=300)
+    proc = children.run([sys.executable, "-c", hook.format(repo=str(REPO)), *args], cwd=REPO,
+                          cpu_s=300)
     assert proc.returncode == 130, proc.stderr
     assert load(split / "checkpoints" / "last.pt")["global_step"] == 4
-    assert run_script("train.py", *args, timeout=300).returncode == 0
+    assert run_script("train.py", *args, cpu_s=300).returncode == 0
     assert_same_weights(straight / "checkpoints" / "last.pt", split / "checkpoints" / "last.pt")
     assert stable(read_metrics(straight / "metrics.jsonl")) == stable(read_metrics(split / "metrics.jsonl"))
 
@@ -202,7 +202,7 @@ def test_demo_config_learns(tmp_path):
                workers=2, quiet=True)
     run = tmp_path / "run"
     r = run_script("train.py", "configs/demo.yaml", f"data.root={data}", f"run.dir={run}", "run.progress=false",
-                   timeout=240)
+                   cpu_s=240)
     assert r.returncode == 0, r.stderr
     val = [x for x in read_metrics(run / "metrics.jsonl") if x["split"] == "val"]
     # best.pt's error (what make demo evaluates): the last epoch's depends on rounding noise (one torch

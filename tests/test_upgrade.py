@@ -7,7 +7,6 @@ import shutil
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import numpy as np
@@ -18,6 +17,7 @@ from data.batchfile import read_batch_file, read_file_attrs
 from data.preprocess import Options, preprocess
 from data.reader import SplitData
 from data.upgrade import upgrade
+from tests import children
 from tests.conftest import REPO, run_script
 from tests.test_fastread import flip_byte, format_1_copy
 
@@ -114,13 +114,9 @@ def test_upgrade_killed_resumes_to_identical_output(old, prep, tmp_path):
     shutil.copytree(old, root)
     proc = subprocess.Popen([sys.executable, "-c", SLOW_UPGRADE.format(repo=str(REPO)), str(root), "--quiet"],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    deadline = time.time() + 60
-    while versions(root).count(2) < 2:
-        assert proc.poll() is None, proc.communicate()
-        assert time.time() < deadline, "no file was converted"
-        time.sleep(0.02)
+    children.wait_until(lambda: versions(root).count(2) >= 2, proc, cpu_s=60, what="no file was converted")
     proc.send_signal(signal.SIGKILL)
-    proc.communicate(timeout=60)
+    children.communicate(proc, cpu_s=60)
     assert 2 <= versions(root).count(2) < len(versions(root))
     r = run_script("scripts/upgrade_data.py", str(root), "--quiet")
     assert r.returncode == 0, r.stderr

@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import ast
-import subprocess
 import sys
 
 import pytest
@@ -11,6 +10,7 @@ import torch
 from alexnet.checkpoint import CheckpointError
 from alexnet.weights import load
 from alexnet.weights.common import FormatError
+from tests import children
 from tests.conftest import REPO
 
 PACKAGE = REPO / "alexnet" / "weights"
@@ -39,7 +39,7 @@ def test_formats_do_not_import_the_modules_above_them():
 def test_evaluation_and_weights_do_not_import_the_trainer():
     code = ("import sys, alexnet.evaluation, alexnet.weights.load, alexnet.weights.convert; "
             "print(sorted(m for m in sys.modules if m in ('alexnet.trainer', 'train')))")
-    r = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=120)
+    r = children.run([sys.executable, "-c", code], cwd=REPO, cpu_s=120)
     assert r.returncode == 0, r.stderr
     assert r.stdout.strip() == "[]"
 

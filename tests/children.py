@@ -1,0 +1,237 @@
+"""Waiting on a test's child process by its progress, not by the clock.
+
+A wall-clock limit fails a slow child as if it hung: with six times the cores in work (three suites and a
+mutation run on 2 cores), a training run that takes a minute alone ran past its 240 s limit. So a child is
+watched together with every process it starts (its tree), and given
+- a CPU budget: the CPU seconds the tree may use, which is what the work costs whatever the load, and stops
+  a child that spins for ever;
+- a stall limit: a tree that used under MIN_SHARE of one core over the last STALL_S seconds is hung. A slow
+  child still gets its share of the cores (a sixth of one at a load of 12 on 2 cores); a hung one, waiting
+  on a peer that will never answer, uses next to none (the elastic hang of issue 26: 1 % of one core).
+A tree that hangs or overspends is stopped and killed as a whole (a wall-clock timeout once left a
+preprocess run's main process and both its workers running for 41 min after the test had failed), and the
+error names the command, the cause, the CPU used, the output so far and, where py-spy is installed, the
+Python stacks of every process in the tree.
+
+ALEXNET_CHILD_LOG=FILE appends one JSON line per waited-on child (its CPU, wall time and budget): how the
+budgets were checked against what the children use.
+"""
+from __future__ import annotations
+
+import collections
+import contextlib
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable
+
+STALL_S = 120.0
+MIN_SHARE = 0.05
+POLL_S = 0.25
+_TICK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+
+
+class ChildHung(AssertionError):
+    """A child's tree stopped using CPU, or used more than its budget; it has been killed."""
+
+
+def _stat(pid: int) -> tuple[int, float] | None:
+    """(parent pid, CPU seconds of its own threads) of one live process, or None if it is gone."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            stat = f.read()
+    except OSError:
+        return None
+    fields = stat[stat.rindex(")") + 2:].split()  # the command name may hold spaces and parentheses
+    return int(fields[1]), (int(fields[11]) + int(fields[12])) / _TICK
+
+
+def tree(*roots: int) -> dict[int, float]:
+    """{pid: CPU seconds} of each root and each of their descendants alive now."""
+    table = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit() and (s := _stat(int(entry))) is not None:
+            table[int(entry)] = s
+    found, todo = {}, list(roots)
+    while todo:
+        p = todo.pop()
+        if p in table and p not in found:
+            found[p] = table[p][1]
+            todo += [q for q, (parent, _) in table.items() if parent == p]
+    return found
+
+
+def kill_tree(pid: int) -> None:
+    """Stop every process of the tree first (none can fork away or restart another), then kill them."""
+    stopped, todo = [], [pid]
+    while todo:
+        p = todo.pop()
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(p, signal.SIGSTOP)
+            stopped.append(p)
+            todo += [q for q in tree(p) if q != p and q not in stopped]
+    for p in stopped:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(p, signal.SIGKILL)
+
+
+def stacks(pids: list[int]) -> str:
+    """py-spy's Python stacks of each process (a development requirement; skipped without it)."""
+    spy = shutil.which("py-spy") or shutil.which("py-spy", path=os.path.dirname(sys.executable))
+    if not spy:
+        return "(py-spy not installed: no stacks)"
+    out = []
+    for p in pids:
+        r = subprocess.run([spy, "dump", "--pid", str(p)], capture_output=True, text=True, timeout=30)
+        out.append(f"--- pid {p}\n{(r.stdout or r.stderr).strip()}")
+    return "\n".join(out)
+
+
+class Watch:
+    """The CPU a child's tree has used, and whether it has hung or overspent `cpu_s`."""
+
+    def __init__(self, pid: int | list[int], name: str, cpu_s: float, stall_s: float = STALL_S):
+        self.roots = [pid] if isinstance(pid, int) else list(pid)
+        self.name, self.cpu_s, self.stall_s = name, cpu_s, stall_s
+        self.began = time.monotonic()
+        self.seen: dict[int, float] = {}
+        self.used = 0.0
+        self.history = collections.deque([(self.began, 0.0)])
+
+    def sample(self) -> None:
+        """Add what each process used since the last look (a new one: all it has used)."""
+        now = tree(*self.roots)
+        self.used += sum(max(0.0, cpu - self.seen.get(p, 0.0)) for p, cpu in now.items())
+        self.seen = now
+        t = time.monotonic()
+        self.history.append((t, self.used))
+        while len(self.history) > 2 and self.history[1][0] <= t - self.stall_s:
+            self.history.popleft()
+
+    def fault(self) -> str:
+        """Why the tree must be stopped now, or ''."""
+        if self.used > self.cpu_s:
+            return f"used {self.used:.1f} s of CPU, over its budget of {self.cpu_s:.0f} s (a loop that spins?)"
+        (t0, used0), (t1, used1) = self.history[0], self.history[-1]
+        if t1 - t0 >= self.stall_s and used1 - used0 < MIN_SHARE * (t1 - t0):
+            return (f"hung: its processes used {used1 - used0:.2f} s of CPU in the last {t1 - t0:.0f} s "
+                    f"(a slow one gets its share of the cores)")
+        return ""
+
+    def check(self) -> None:
+        """Sample (at most every POLL_S: a look reads all of /proc); if the tree has hung or overspent, kill
+        it and raise ChildHung."""
+        if time.monotonic() - self.history[-1][0] < POLL_S:
+            return
+        self.sample()
+        if why := self.fault():
+            pids = list(tree(*self.roots))
+            where = stacks(pids)
+            for root in self.roots:
+                kill_tree(root)
+            raise ChildHung(f"{self.name}: {why}; killed after {time.monotonic() - self.began:.0f} s "
+                            f"with {len(pids)} process(es)\n{where}")
+
+    def log(self) -> None:
+        if path := os.environ.get("ALEXNET_CHILD_LOG"):
+            with open(path, "a") as f:
+                f.write(json.dumps({"cmd": self.name[:200], "cpu": round(self.used, 2),
+                                    "wall": round(time.monotonic() - self.began, 2), "cpu_s": self.cpu_s}) + "\n")
+
+
+def _command(proc: subprocess.Popen) -> str:
+    args = proc.args if isinstance(proc.args, (list, tuple)) else [proc.args]
+    return " ".join(map(str, args))
+
+
+def communicate(proc: subprocess.Popen, cpu_s: float, input: str | bytes | None = None,
+                stall_s: float = STALL_S) -> tuple:
+    """proc.communicate(input), with the child's tree watched instead of a wall-clock limit."""
+    watch, box = Watch(proc.pid, _command(proc), cpu_s, stall_s), {}
+
+    def talk() -> None:
+        try:
+            box["out"] = proc.communicate(input)
+        except BaseException as e:  # handed to the waiting thread
+            box["error"] = e
+    talker = threading.Thread(target=talk, daemon=True)
+    talker.start()
+    try:
+        while talker.is_alive():
+            watch.check()
+            talker.join(POLL_S)
+    except ChildHung as e:
+        talker.join(10)  # the pipes close with the killed tree: keep what it wrote
+        out = box.get("out", (None, None))
+        raise ChildHung(f"{e}\n--- its stdout:\n{_tail(out[0])}\n--- its stderr:\n{_tail(out[1])}") from None
+    watch.log()
+    if "error" in box:
+        raise box["error"]
+    return box["out"]
+
+
+def run(cmd: list, cpu_s: float, input: str | bytes | None = None, text: bool = True, stall_s: float = STALL_S,
+        stdout: object = subprocess.PIPE, stderr: object = subprocess.PIPE,
+        **popen: object) -> subprocess.CompletedProcess:
+    """subprocess.run(cmd) with its output captured (unless redirected) and the child's tree watched (see the
+    module's doc)."""
+    stdin = subprocess.PIPE if input is not None else popen.pop("stdin", None)
+    proc = subprocess.Popen(cmd, stdin=stdin, stdout=stdout, stderr=stderr, text=text, **popen)
+    try:
+        out, err = communicate(proc, cpu_s, input, stall_s)
+    finally:
+        if proc.poll() is None:  # an error in this process (KeyboardInterrupt): leave nothing behind
+            kill_tree(proc.pid)
+            proc.wait()
+    return subprocess.CompletedProcess(cmd, proc.returncode, out, err)
+
+
+def wait(proc: subprocess.Popen, cpu_s: float, stall_s: float = STALL_S) -> int:
+    """proc.wait(), with the child's tree watched (its output goes where Popen sent it)."""
+    watch = Watch(proc.pid, _command(proc), cpu_s, stall_s)
+    while proc.poll() is None:
+        watch.check()
+        time.sleep(POLL_S)
+    watch.log()
+    return proc.returncode
+
+
+def wait_until(ready: Callable[[], object], proc: subprocess.Popen, cpu_s: float, what: str,
+               stall_s: float = STALL_S) -> object:
+    """Poll `ready()` until it returns something true, while the child runs and makes progress."""
+    watch = Watch(proc.pid, _command(proc), cpu_s, stall_s)
+    while not (got := ready()):
+        if proc.poll() is not None:
+            out = proc.communicate() if proc.stdout or proc.stderr else ("", "")
+            raise AssertionError(f"{what}: the child exited with {proc.returncode} first\n{_tail(out[0])}\n"
+                                 f"{_tail(out[1])}")
+        watch.check()
+        time.sleep(0.05)
+    return got
+
+
+def get(queue: object, pid: int, name: str, cpu_s: float, stall_s: float = STALL_S) -> object:
+    """queue.get() from a multiprocessing child `pid`, with its tree watched."""
+    import queue as queues
+    watch = Watch(pid, name, cpu_s, stall_s)
+    while True:
+        try:
+            got = queue.get(timeout=POLL_S)
+        except queues.Empty:
+            watch.check()
+            continue
+        watch.log()
+        return got
+
+
+def _tail(text: str | bytes | None, chars: int = 4000) -> str:
+    if text is None:
+        return "(none)"
+    if isinstance(text, bytes):
+        text = text.decode(errors="replace")
+    return text[-chars:]

@@ -5,9 +5,12 @@ mutation run on 2 cores), a training run that takes a minute alone ran past its 
 watched together with every process it starts (its tree), and given
 - a CPU budget: the CPU seconds the tree may use, which is what the work costs whatever the load, and stops
   a child that spins for ever;
-- a stall limit: a tree that used under MIN_SHARE of one core over the last STALL_S seconds is hung. A slow
-  child still gets its share of the cores (a sixth of one at a load of 12 on 2 cores); a hung one, waiting
-  on a peer that will never answer, uses next to none (the elastic hang of issue 26: 1 % of one core).
+- a stall limit: a tree that used under MIN_SHARE of its fair share of a core over the last STALL_S seconds
+  is hung. A slow child still gets its share: all of a core on an idle machine, cores / runnable tasks on a
+  busy one (a tenth of one with 20 tasks runnable on 2 cores, as three suites at once have); a hung one,
+  waiting on a peer that will never answer, uses next to none (the elastic hang of issue 26: 1 % of one
+  core, caught on an idle machine; under load the bar falls with the share, and a hang that still
+  trickles CPU is caught later, by its CPU budget).
 A tree that hangs or overspends is stopped and killed as a whole (a wall-clock timeout once left a
 preprocess run's main process and both its workers running for 41 min after the test had failed), and the
 error names the command, the cause, the CPU used, the output so far and, where py-spy is installed, the
@@ -66,6 +69,21 @@ def tree(*roots: int) -> dict[int, float]:
     return found
 
 
+def runnable() -> int:
+    """Tasks running or waiting for a core, machine-wide, now (/proc/loadavg's fourth field)."""
+    with open("/proc/loadavg") as f:
+        return int(f.read().split()[3].split("/")[0])
+
+
+def cores() -> int:
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+
+
+def fair_share(runnables: list[int], cores: int) -> float:
+    """The part of one core a runnable process got while `runnables` were counted (at most all of it)."""
+    return min(1.0, cores / max(1.0, sum(runnables) / len(runnables)))
+
+
 def kill_tree(pid: int) -> None:
     """Stop every process of the tree first (none can fork away or restart another), then kill them."""
     stopped, todo = [], [pid]
@@ -97,11 +115,11 @@ class Watch:
 
     def __init__(self, pid: int | list[int], name: str, cpu_s: float, stall_s: float = STALL_S):
         self.roots = [pid] if isinstance(pid, int) else list(pid)
-        self.name, self.cpu_s, self.stall_s = name, cpu_s, stall_s
+        self.name, self.cpu_s, self.stall_s, self.cores = name, cpu_s, stall_s, cores()
         self.began = time.monotonic()
         self.seen: dict[int, float] = {}
         self.used = 0.0
-        self.history = collections.deque([(self.began, 0.0)])
+        self.history = collections.deque([(self.began, 0.0, runnable())])
 
     def sample(self) -> None:
         """Add what each process used since the last look (a new one: all it has used)."""
@@ -109,7 +127,7 @@ class Watch:
         self.used += sum(max(0.0, cpu - self.seen.get(p, 0.0)) for p, cpu in now.items())
         self.seen = now
         t = time.monotonic()
-        self.history.append((t, self.used))
+        self.history.append((t, self.used, runnable()))
         while len(self.history) > 2 and self.history[1][0] <= t - self.stall_s:
             self.history.popleft()
 
@@ -117,10 +135,11 @@ class Watch:
         """Why the tree must be stopped now, or ''."""
         if self.used > self.cpu_s:
             return f"used {self.used:.1f} s of CPU, over its budget of {self.cpu_s:.0f} s (a loop that spins?)"
-        (t0, used0), (t1, used1) = self.history[0], self.history[-1]
-        if t1 - t0 >= self.stall_s and used1 - used0 < MIN_SHARE * (t1 - t0):
-            return (f"hung: its processes used {used1 - used0:.2f} s of CPU in the last {t1 - t0:.0f} s "
-                    f"(a slow one gets its share of the cores)")
+        (t0, used0, _), (t1, used1, _) = self.history[0], self.history[-1]
+        share = fair_share([r for _, _, r in self.history], self.cores)
+        if t1 - t0 >= self.stall_s and used1 - used0 < MIN_SHARE * share * (t1 - t0):
+            return (f"hung: its processes used {used1 - used0:.2f} s of CPU in the last {t1 - t0:.0f} s, under "
+                    f"{MIN_SHARE:.0%} of the {share:.2f} of a core that a process would get meanwhile")
         return ""
 
     def check(self) -> None:
@@ -213,6 +232,34 @@ def wait_until(ready: Callable[[], object], proc: subprocess.Popen, cpu_s: float
         watch.check()
         time.sleep(0.05)
     return got
+
+
+def read_until(proc: subprocess.Popen, stream: object, wanted: Callable[[str], bool], cpu_s: float,
+               stall_s: float = STALL_S) -> list[str]:
+    """The lines of `stream` (the child's text pipe) up to the first that is `wanted`, with the child's tree
+    watched; the rest of the stream is left to be read (proc.communicate)."""
+    import queue as queues
+    lines: queues.Queue = queues.Queue()
+
+    def reader() -> None:  # stops after the wanted line, so that nothing after it is taken
+        for line in stream:
+            lines.put(line)
+            if wanted(line):
+                break
+        lines.put(None)
+    threading.Thread(target=reader, daemon=True).start()
+    watch, seen = Watch(proc.pid, _command(proc), cpu_s, stall_s), []
+    while True:
+        try:
+            line = lines.get(timeout=POLL_S)
+        except queues.Empty:
+            watch.check()
+            continue
+        if line is None:
+            raise AssertionError(f"{_command(proc)}: no wanted line before its end\n{''.join(seen)[-4000:]}")
+        seen.append(line)
+        if wanted(line):
+            return seen
 
 
 def get(queue: object, pid: int, name: str, cpu_s: float, stall_s: float = STALL_S) -> object:

@@ -4,7 +4,11 @@
 
 $ALEXNET_TEST_KILLS lists "attempt:rank:point" items (comma-separated); in attempt `attempt` (the
 agent's TORCHELASTIC_RESTART_COUNT) the process of global rank `rank` kills itself with SIGKILL at
-`point`, as an out-of-memory killer or a dead machine would, so that torchrun restarts the job:
+`point`, as an out-of-memory killer or a dead machine would, so that torchrun restarts the job. Rank 0
+dies once the checkpoint write it handed to its writer thread has landed, so whether the next attempt
+resumes does not depend on the machine's speed (with 20 tasks runnable on 2 cores, a kill in validation
+once came before the previous step's write had finished, and the next attempt started afresh); a kill
+inside a write is the ``save`` point:
 
 - ``first``: in its first training step (before any checkpoint of that attempt);
 - ``step=N``: in global step N (1-based);
@@ -23,7 +27,9 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 
-def die() -> None:
+def die(trainer: object | None = None) -> None:
+    if trainer is not None and trainer.dist.is_main:  # its own writer only: a barrier would wait for the others
+        trainer.writer.wait()
     sys.stdout.flush()
     sys.stderr.flush()
     os.kill(os.getpid(), signal.SIGKILL)
@@ -48,7 +54,7 @@ def plant(where: str) -> None:
 
         def train_step(self, x, y):
             if self.global_step + 1 == at:
-                die()
+                die(self)
             return step(self, x, y)
         trainer.Trainer.train_step = train_step
     elif where == "val":
@@ -60,7 +66,7 @@ def plant(where: str) -> None:
             def val_batches(split, *args, **kwargs):
                 for i, batch in enumerate(batches(split, *args, **kwargs)):
                     if split == "val" and i == 1:
-                        die()
+                        die(self)
                     yield batch
             self.loader.batches = val_batches
             return evaluate(self, epoch)

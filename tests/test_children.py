@@ -70,10 +70,34 @@ def test_the_work_of_a_grandchild_counts(tmp_path):
     assert r.returncode == 0 and r.stdout == "done\n", r.stderr
 
 
-def test_a_trickle_of_cpu_is_a_hang(tmp_path):
-    """1 % of one core (the elastic hang's figure) is under the 5 % that makes progress."""
-    with pytest.raises(children.ChildHung, match="hung"):
-        children.run(spin(tmp_path, 0.01, 0.99, 30), cpu_s=60, stall_s=3)
+def verdict(cpu_per_s: float, runnable: int, cores: int = 2, seconds: int = 120) -> str:
+    """Watch's verdict on a tree that used `cpu_per_s` of a core for `seconds`, with `runnable` tasks
+    runnable machine-wide all along (a history written by hand: the same on any machine, at any load)."""
+    w = children.Watch(os.getpid(), "hand-made", cpu_s=1e9, stall_s=seconds)
+    w.cores = cores
+    w.history.clear()
+    w.history.extend((t, t * cpu_per_s, runnable) for t in range(seconds + 1))
+    return w.fault()
+
+
+def test_progress_is_measured_against_the_share_of_a_core_the_tree_could_get():
+    """On an idle machine (2 tasks runnable on 2 cores) the bar is 5 % of one core: the elastic hang's 1 %
+    is a hang, 10 % is progress. With 20 runnable (three suites at once), a process gets a tenth of a core
+    and the bar is 0.5 %: 1 % is progress there, 0.2 % is still a hang; on 16 cores 20 is nearly idle."""
+    assert verdict(0.01, runnable=2).startswith("hung: its processes used 1.20 s of CPU in the last 120 s")
+    assert verdict(0.10, runnable=2) == ""
+    assert verdict(0.01, runnable=20) == ""
+    assert "under 5% of the 0.10 of a core" in verdict(0.002, runnable=20)
+    assert verdict(0.01, runnable=20, cores=16).startswith("hung")
+    assert verdict(0.0, runnable=0) != ""  # no division by zero: a lone hung child on an idle machine
+    assert verdict(0.01, runnable=2, seconds=60) != ""  # judged over the stall limit given
+
+
+def test_a_spell_shorter_than_the_stall_limit_is_not_judged():
+    w = children.Watch(os.getpid(), "hand-made", cpu_s=1e9, stall_s=120)
+    w.history.clear()
+    w.history.extend((t, 0.0, 2) for t in range(119))
+    assert w.fault() == ""
 
 
 def test_a_spinning_child_stops_at_its_cpu_budget(tmp_path):
@@ -98,3 +122,14 @@ def test_the_log_records_each_child(tmp_path, monkeypatch):
     (line,) = log.read_text().splitlines()
     assert '"cpu_s": 60' in line and float(line.split('"cpu": ')[1].split(",")[0]) >= 0.45
     assert os.path.getsize(log) > 0
+
+
+def test_read_until_leaves_the_rest_and_names_a_child_that_ends_first():
+    code = "import time; print('a'); print('go', flush=True); time.sleep(0.5); print('rest')"
+    proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    assert children.read_until(proc, proc.stdout, lambda line: line == "go\n", cpu_s=60) == ["a\n", "go\n"]
+    assert children.communicate(proc, cpu_s=60)[0] == "rest\n"
+    proc = subprocess.Popen([sys.executable, "-c", "print('a')"], stdout=subprocess.PIPE, text=True)
+    with pytest.raises(AssertionError, match="no wanted line before its end"):
+        children.read_until(proc, proc.stdout, lambda line: line == "go\n", cpu_s=60)
+    proc.wait()

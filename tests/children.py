@@ -16,6 +16,9 @@ preprocess run's main process and both its workers running for 41 min after the 
 error names the command, the cause, the CPU used, the output so far and, where py-spy is installed, the
 Python stacks of every process in the tree.
 
+The CPU is sampled every POLL_S seconds: what a process uses between the last look and its exit is not
+counted (a quarter of a second of a core at most, for a process that gets a whole one).
+
 ALEXNET_CHILD_LOG=FILE appends one JSON line per waited-on child (its CPU, wall time and budget): how the
 budgets were checked against what the children use.
 """

@@ -116,9 +116,11 @@ def test_wait_until_sees_the_child_exit_first(tmp_path):
 
 
 def test_the_log_records_each_child(tmp_path, monkeypatch):
+    """The CPU is sampled every POLL_S: the child idles a second before it exits, so that its last look
+    sees all 0.5 s (a child that exits while it works loses what it used after the last look)."""
     log = tmp_path / "children.jsonl"
     monkeypatch.setenv("ALEXNET_CHILD_LOG", str(log))
-    children.run(spin(tmp_path, 0.5, 0, 1), cpu_s=60)
+    children.run(spin(tmp_path, 0.5, 1.0, 1), cpu_s=60)
     (line,) = log.read_text().splitlines()
     assert '"cpu_s": 60' in line and float(line.split('"cpu": ')[1].split(",")[0]) >= 0.45
     assert os.path.getsize(log) > 0

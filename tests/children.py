@@ -88,7 +88,9 @@ def fair_share(runnables: list[int], cores: int) -> float:
 
 
 def kill_tree(pid: int) -> None:
-    """Stop every process of the tree first (none can fork away or restart another), then kill them."""
+    """Stop every process of the tree first (none can fork away or restart another), kill them, and return
+    once each is gone or a zombie: the kernel ends a killed process a moment after the signal (a test that
+    looked at once found a killed grandchild still there, with two suites on 2 cores)."""
     stopped, todo = [], [pid]
     while todo:
         p = todo.pop()
@@ -99,6 +101,18 @@ def kill_tree(pid: int) -> None:
     for p in stopped:
         with contextlib.suppress(ProcessLookupError):
             os.kill(p, signal.SIGKILL)
+    ends = time.monotonic() + 30  # only so that this helper itself cannot hang: it takes milliseconds
+    while any(_running(p) for p in stopped) and time.monotonic() < ends:
+        time.sleep(0.01)
+
+
+def _running(pid: int) -> bool:
+    """Alive and not a zombie (a zombie has ended; its parent has yet to collect it)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(") ", 1)[1][0] != "Z"
+    except OSError:
+        return False
 
 
 def stacks(pids: list[int]) -> str:

@@ -14,29 +14,21 @@ import socket
 import sys
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any
 
 import torch
 import torch.distributed as dist
 
+from layers import Comm, TorchComm
+
 from .config import Config, ConfigError, ParallelConfig
 
 
-@dataclass(frozen=True)
-class Peers:
-    """A group of processes: the torch.distributed group, its gloo twin for host-side messages, this
-    process's rank in it, and every member's global rank in group order."""
-
-    group: Any
-    cpu_group: Any
-    rank: int
-    ranks: tuple[int, ...]
-
-    @property
-    def size(self) -> int:
-        return len(self.ranks)
+def alone() -> Comm:
+    """The group of one process: every collective on it returns at once."""
+    return TorchComm(None, None, 0, (0,))
 
 
 @dataclass(frozen=True)
@@ -47,11 +39,11 @@ class DistInfo:
     local_world: int = 1
     device: torch.device = torch.device("cpu")
     transport: str = "none"   # how replicas exchange: ipc | nccl | gloo (none for one replica)
-    cpu_group: Any = None     # a gloo group for barriers and small host-side messages
-    slow_group: Any = None    # a gloo group whose timeout is run.checkpoint_timeout: for waiting on disks
+    comm: Comm = field(default_factory=alone)  # every process: metrics, stop requests, RNG states, barriers
+    slow: Comm = field(default_factory=alone)  # every process, for waiting on disks (run.checkpoint_timeout)
     model_size: int = 1       # M: processes holding one model between them (rank = data rank x M + model rank)
-    model_peers: Peers | None = None  # this process's model group (M > 1)
-    data_peers: Peers | None = None   # the processes holding the same part of the model: they average
+    model_peers: Comm | None = None  # this process's model group (M > 1)
+    data_peers: Comm | None = None   # the processes holding the same part of the model: they average
     store: Any = None         # this attempt's own namespace of the rendezvous store (attempt_store)
 
     @property
@@ -304,30 +296,44 @@ def _join(cfg: Config, rank: int, world: int, local_rank: int, local_world: int,
         raise
     except RuntimeError as e:  # a peer died or never came while the groups formed
         raise StartError(f"rank {rank}: could not join the other processes: {_first_line(e)}") from None
-    return DistInfo(rank, world, local_rank, local_world, device, transport, cpu_group, slow_group,
+    everyone = tuple(range(world))
+    comm, slow = TorchComm(dist.group.WORLD, cpu_group, rank, everyone), TorchComm(slow_group, None, rank, everyone)
+    return DistInfo(rank, world, local_rank, local_world, device, transport, comm, slow,
                     cfg.parallel.model_size, model_peers, data_peers, store)
 
 
-def build_mesh(rank: int, world: int, model_size: int, backend: str, timeout: timedelta,
-               cpu_group) -> tuple[Peers | None, Peers]:
-    """(model group, data-parallel group) of this rank in the R x M mesh; model groups are consecutive
-    ranks (one host's fast links), data groups every M-th rank. Every rank creates every group, in
-    the same order, as torch.distributed requires."""
-    if world % model_size:
+def mesh_ranks(world: int, model_size: int) -> tuple[list[tuple[int, ...]], list[tuple[int, ...]]]:
+    """(model groups, data-parallel groups) of the R x M mesh, as global ranks: model groups are
+    consecutive ranks (one host's fast links), data groups every M-th rank."""
+    if model_size < 1 or world % model_size:
         raise ConfigError(f"{world} processes cannot form model groups of parallel.model_size={model_size}")
-    if model_size == 1:
-        return None, Peers(dist.group.WORLD, cpu_group, rank, tuple(range(world)))
     replicas = world // model_size
-    model_ranks = [tuple(range(d * model_size, (d + 1) * model_size)) for d in range(replicas)]
-    data_ranks = [tuple(range(m, world, model_size)) for m in range(model_size)]
+    model = [tuple(range(d * model_size, (d + 1) * model_size)) for d in range(replicas)]
+    data = [tuple(range(m, world, model_size)) for m in range(model_size)]
+    return model, data
 
-    def groups(all_ranks: list[tuple[int, ...]]) -> Peers:
+
+def own_group(rank: int, groups: list[tuple[int, ...]]) -> tuple[int, tuple[int, ...]]:
+    """(index of the group holding `rank`, that group)."""
+    i = next(i for i, ranks in enumerate(groups) if rank in ranks)
+    return i, groups[i]
+
+
+def build_mesh(rank: int, world: int, model_size: int, backend: str, timeout: timedelta,
+               cpu_group) -> tuple[Comm | None, Comm]:
+    """(model group, data-parallel group) of this rank in the R x M mesh (mesh_ranks). Every rank creates
+    every group, in the same order, as torch.distributed requires."""
+    model_ranks, data_ranks = mesh_ranks(world, model_size)
+    if model_size == 1:
+        return None, TorchComm(dist.group.WORLD, cpu_group, rank, data_ranks[0])
+
+    def groups(all_ranks: list[tuple[int, ...]]) -> Comm:
         made = [(dist.new_group(list(r), backend=backend, timeout=timeout),
                  dist.new_group(list(r), backend="gloo", timeout=timeout) if backend != "gloo" else None)
                 for r in all_ranks]
-        i = next(i for i, r in enumerate(all_ranks) if rank in r)
+        i, ranks = own_group(rank, all_ranks)
         group, cpu = made[i]
-        return Peers(group, cpu or group, all_ranks[i].index(rank), all_ranks[i])
+        return TorchComm(group, cpu or group, ranks.index(rank), ranks)
     return groups(model_ranks), groups(data_ranks)
 
 
@@ -339,7 +345,7 @@ def slow_barrier(info: DistInfo, seconds: float) -> None:
     that never comes: a hung replica is found within `seconds`, not within the checkpoint timeout.
     """
     if info.distributed:
-        dist.monitored_barrier(group=info.slow_group, timeout=timedelta(seconds=seconds))
+        info.slow.barrier(timeout=seconds)
 
 
 def teardown(info: DistInfo, seconds: float = 300.0) -> None:

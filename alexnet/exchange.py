@@ -8,12 +8,14 @@ buffer first, so a transport moves a few large blocks, never one message per ten
   CUDA IPC on a GPU or a shared-memory mapping on the CPU, and reads its peers' buffers directly: the
   paper's peer-to-peer copies. It also works for several replicas on one GPU, where NCCL refuses.
   Every replica sums the buffers in rank order, so all replicas hold bit-identical weights afterwards.
-- ``nccl`` / ``gloo``: one all-reduce of the flat buffer through torch.distributed.
+- ``nccl`` / ``gloo`` (and the in-process rank simulator): one all-reduce of the flat buffer (``Comm``).
 
 ``parallel.exchange: gradients`` (synchronous SGD, Synkhronos / Goyal et al.): gradients are averaged
 during the backward pass by DistributedDataParallel (bucketed, overlapped with computation) over the
 processes that hold the same part of the model: every process with data parallelism alone, the
-data-parallel group of each model part otherwise; see :func:`wrap_gradients`.
+data-parallel group of each model part otherwise; see :func:`wrap_gradients`. A group without a
+torch.distributed process group (the rank simulator, layers/sim.py) averages them after the backward
+pass instead (:class:`AveragedGradients`): the same mean, over the same group, without the overlap.
 
 Batch norm's running statistics (alexnet_bn) are per replica during training, as in Caffe: each replica
 normalises its own images and updates its own statistics. The weights exchange averages them with the
@@ -24,18 +26,16 @@ in the batch statistics, so averaging them now and then gives the same averages 
 """
 from __future__ import annotations
 
+import contextlib
 import inspect
 import os
 import secrets
 from pathlib import Path
 
 import torch
-import torch.distributed as dist
 from torch import nn
 
-from layers import Comm, all_reduce_sum
-
-from .distributed import Peers
+from layers import Comm, TorchComm, all_reduce_sum
 
 
 def flat_size(tensors: list[torch.Tensor]) -> int:
@@ -85,26 +85,26 @@ def average_statistics(model: nn.Module, data: Comm | None) -> None:
 
 
 @torch.no_grad()
-def broadcast_from_first(tensors: list[torch.Tensor], peers: Peers) -> None:
+def broadcast_from_first(tensors: list[torch.Tensor], peers: Comm) -> None:
     """Make every member of `peers` start from its first member's values (one flat broadcast)."""
     if peers.size == 1:
         return
     flat = torch.empty(flat_size(tensors), dtype=tensors[0].dtype, device=tensors[0].device)
     pack(tensors, flat)
-    dist.broadcast(flat, src=peers.ranks[0], group=peers.group)
+    peers.broadcast(flat, src=0)
     unpack(flat, tensors)
 
 
 class AllReduceAverage:
-    """The mean over the peers through one all-reduce (nccl or gloo)."""
+    """The mean over the peers through one all-reduce (nccl, gloo, the simulator)."""
 
-    def __init__(self, numel: int, device: torch.device, peers: Peers):
-        self.flat = torch.empty(numel, device=device)
+    def __init__(self, numel: int, device: torch.device, peers: Comm, dtype: torch.dtype = torch.float32):
+        self.flat = torch.empty(numel, device=device, dtype=dtype)
         self.peers = peers
 
     def average(self, tensors: list[torch.Tensor]) -> None:
         pack(tensors, self.flat)
-        dist.all_reduce(self.flat, group=self.peers.group)
+        self.peers.all_reduce(self.flat)
         self.flat.div_(self.peers.size)
         unpack(self.flat, tensors)
 
@@ -123,25 +123,24 @@ class IpcAverage:
     One host barrier per exchange makes sure each waited-for event was recorded for the right round.
     """
 
-    def __init__(self, numel: int, device: torch.device, peers: Peers):
-        self.info, self.device = peers, device
+    def __init__(self, numel: int, device: torch.device, peers: Comm, dtype: torch.dtype = torch.float32):
+        self.info, self.device, self.dtype = peers, device, dtype
         self.turn = 0
         if device.type == "cuda":
-            own = [torch.empty(numel, device=device) for _ in range(2)]
+            own = [torch.empty(numel, device=device, dtype=dtype) for _ in range(2)]
             self.packed = [torch.cuda.Event(interprocess=True) for _ in range(2)]
             self.consumed = [torch.cuda.Event(interprocess=True) for _ in range(2)]
             self.buffers, self.peer_packed, self.peer_consumed = self._share_cuda(own)
         else:
             self.buffers = self._share_cpu(numel)
-        self.acc = torch.empty(numel, device=device)
+        self.acc = torch.empty(numel, device=device, dtype=dtype)
 
     def _share_cuda(self, own: list[torch.Tensor]):
         """Every peer's two buffers and events, rebuilt here from CUDA IPC handles (ours used as they are)."""
         from torch.multiprocessing.reductions import reduce_tensor
         mine = ([reduce_tensor(b) for b in own], [e.ipc_handle() for e in self.packed],
                 [e.ipc_handle() for e in self.consumed])
-        handles = [None] * self.info.size
-        dist.all_gather_object(handles, mine, group=self.info.cpu_group)
+        handles = self.info.all_gather_object(mine)
         peers, packed, consumed = [], [], []
         for r, (buffers, packed_h, consumed_h) in enumerate(handles):
             if r == self.info.rank:
@@ -156,17 +155,16 @@ class IpcAverage:
 
     def _share_cpu(self, numel: int) -> list[list[torch.Tensor]]:
         """Shared mappings of files in /dev/shm, unlinked once every peer has mapped them (no leftovers)."""
-        token = [secrets.token_hex(8)]
-        dist.broadcast_object_list(token, src=self.info.ranks[0], group=self.info.cpu_group)
+        token = self.info.broadcast_object(secrets.token_hex(8), src=0)
         folder = Path("/dev/shm") if Path("/dev/shm").is_dir() else Path("/tmp")
-        name = lambda r, b: folder / f"alexnet-{token[0]}-{r}-{b}"  # noqa: E731
+        name = lambda r, b: folder / f"alexnet-{token}-{r}-{b}"  # noqa: E731
         for b in range(2):
             with open(name(self.info.rank, b), "wb") as f:
-                f.truncate(numel * 4)
-        dist.barrier(group=self.info.cpu_group)
-        peers = [[torch.from_file(str(name(r, b)), shared=True, size=numel, dtype=torch.float32) for b in range(2)]
+                f.truncate(numel * self.dtype.itemsize)
+        self.info.barrier()
+        peers = [[torch.from_file(str(name(r, b)), shared=True, size=numel, dtype=self.dtype) for b in range(2)]
                  for r in range(self.info.size)]
-        dist.barrier(group=self.info.cpu_group)
+        self.info.barrier()
         for b in range(2):
             os.unlink(name(self.info.rank, b))
         return peers
@@ -185,7 +183,7 @@ class IpcAverage:
             self.packed[t].record(stream)
         # After this barrier every peer has written (CPU) or recorded the writing of (CUDA) its buffer of
         # this turn; the other turn's buffers may still be read by slower peers, hence two per replica.
-        dist.barrier(group=self.info.cpu_group)
+        self.info.barrier()
         if cuda:
             for r in self._others():
                 stream.wait_event(self.peer_packed[r][t])
@@ -211,11 +209,12 @@ class WeightExchange:
     """Average parameters, momentum buffers and batch norm's running statistics across replicas every
     `every` steps."""
 
-    def __init__(self, model: nn.Module, optimizer, peers: Peers, transport: str, every: int = 1):
-        self.model, self.optimizer, self.every = model, optimizer, every
+    def __init__(self, model: nn.Module, optimizer, peers: Comm, transport: str, every: int = 1):
+        self.model, self.optimizer, self.every, self.peers = model, optimizer, every, peers
         tensors = self.tensors()
         impl = IpcAverage if transport == "ipc" else AllReduceAverage
-        self.impl = impl(flat_size(tensors), tensors[0].device, peers)
+        # one heartbeat per exchange (average()), however many collectives the transport makes of it
+        self.impl = impl(flat_size(tensors), tensors[0].device, peers.with_before(None), tensors[0].dtype)
         n, size = peers.size, self.bytes_per_exchange()
         # bytes that cross a link per exchange, per replica: ring all-reduce, or reading every peer
         self.moved = (n - 1) * size if transport == "ipc" else 2 * (n - 1) * size // n
@@ -227,7 +226,8 @@ class WeightExchange:
         return [p.data for p in self.model.parameters()] + self.optimizer.velocities() + floating_buffers(self.model)
 
     def bytes_per_exchange(self) -> int:
-        return flat_size(self.tensors()) * 4
+        tensors = self.tensors()
+        return flat_size(tensors) * tensors[0].element_size()
 
     @torch.no_grad()
     def after_step(self, steps_done: int) -> bool:
@@ -240,6 +240,7 @@ class WeightExchange:
     @torch.no_grad()
     def average(self) -> None:
         """Average now (also between scheduled exchanges: before a checkpoint)."""
+        self.peers.arrive()
         self.impl.average(self.tensors())
         self.sent[0] += self.moved
 
@@ -251,14 +252,18 @@ _DDP_ARGS = frozenset(inspect.signature(torch.nn.parallel.DistributedDataParalle
 
 
 def wrap_gradients(model: nn.Module, device: torch.device, bucket_mb: float, comm: Comm | None = None) -> nn.Module:
-    """DistributedDataParallel over `comm`'s group (default: the whole world): gradients averaged in
-    buckets of `bucket_mb`, each bucket's all-reduce launched as soon as its gradients are ready, so it
-    overlaps the rest of the backward pass.
+    """The gradients of `model` averaged over `comm`'s group (default: the whole world) at every step.
+
+    A torch.distributed group: DistributedDataParallel, gradients averaged in buckets of `bucket_mb`, each
+    bucket's all-reduce launched as soon as its gradients are ready, so it overlaps the rest of the
+    backward pass. Another Comm (the rank simulator): :class:`AveragedGradients`, the same mean after it.
 
     `comm`: the processes holding the same parameters (a model part's data-parallel group); its
     `before` runs ahead of DDP's start-up collectives and of each bucket's all-reduce (the launcher's
     heartbeat), and it counts the bytes sent.
     """
+    if comm is not None and not isinstance(comm, TorchComm):
+        return AveragedGradients(model, comm)
     from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
     from torch.nn.parallel import DistributedDataParallel as DDP
     ids = [device.index] if device.type == "cuda" else None
@@ -281,3 +286,31 @@ def wrap_gradients(model: nn.Module, device: torch.device, bucket_mb: float, com
         return allreduce_hook(group, bucket)  # the group is the hook's state: without it, the whole world
     ddp.register_comm_hook(comm.group, hook)
     return ddp
+
+
+class AveragedGradients(nn.Module):
+    """DistributedDataParallel's mean over a Comm that is not a torch.distributed group (the simulator):
+    the first member's parameters and buffers at the start, then after the backward passes of a step,
+    :meth:`sync` replaces every gradient by its mean over the group (one flat all-reduce). `no_sync` is
+    accepted as DDP's (gradients accumulate until the sync)."""
+
+    def __init__(self, module: nn.Module, comm: Comm):
+        super().__init__()
+        self.module, self.comm = module, comm
+        broadcast_from_first([p.data for p in module.parameters()] + floating_buffers(module), comm)
+
+    def forward(self, *args, **kwargs):
+        return self.module(*args, **kwargs)
+
+    @contextlib.contextmanager
+    def no_sync(self):
+        yield
+
+    @torch.no_grad()
+    def sync(self) -> None:
+        grads = [p.grad for p in self.module.parameters() if p.grad is not None]
+        if not grads or self.comm.size == 1:
+            return
+        flat = torch.cat([g.reshape(-1) for g in grads])
+        self.comm.all_reduce(flat)
+        unpack(flat.div_(self.comm.size), grads)

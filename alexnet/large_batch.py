@@ -36,11 +36,18 @@ from torch import nn
 
 from layers import Comm, all_reduce_sum
 
+from .optimizer_base import Optimizer
+
 LARS_EPS = 1e-9                 # keeps the ratio finite; the zero-norm rule handles ||w|| or ||g|| = 0
 LAMB_BETAS = (0.9, 0.999)       # the LAMB paper's (and Adam's) defaults
 LAMB_EPS = 1e-6                 # the LAMB paper's
 EXCLUDE = ("none", "bias_and_norm")
 NormReducer = Callable[[list[torch.Tensor], torch.Tensor], None]
+
+
+def _at_least_fp32(t: torch.Tensor) -> torch.Tensor:
+    """fp32, or the tensor's own precision where it is higher (a float64 model keeps float64 norms)."""
+    return t if t.dtype == torch.float64 else t.float()
 
 
 class ModelGroupNorms:
@@ -65,7 +72,7 @@ class ModelGroupNorms:
         squares.index_copy_(1, index, part)
 
 
-class _TrustRatioOptimizer(torch.optim.Optimizer):
+class _TrustRatioOptimizer(Optimizer):
     """What LARS and LAMB share: the adapted/excluded split and the (model-group) norms."""
 
     norm_reducer: NormReducer | None = None  # set by alexnet/replica.py for a ShardedNet
@@ -83,7 +90,8 @@ class _TrustRatioOptimizer(torch.optim.Optimizer):
         if not params:
             empty = torch.zeros(0)
             return empty, empty
-        squares = torch.stack([torch.stack(torch._foreach_norm([t.float() for t in ts])) for ts in (params, others)])
+        squares = torch.stack([torch.stack(torch._foreach_norm([_at_least_fp32(t) for t in ts]))
+                               for ts in (params, others)])
         squares = squares.square()
         if self.norm_reducer is not None:
             self.norm_reducer(params, squares)

@@ -18,6 +18,7 @@ from torch import nn
 
 from .config import TrainConfig
 from .large_batch import LAMB, LARS
+from .optimizer_base import Optimizer
 
 
 def param_groups(model: nn.Module, cfg: TrainConfig) -> list[dict]:
@@ -31,7 +32,7 @@ def param_groups(model: nn.Module, cfg: TrainConfig) -> list[dict]:
     return groups
 
 
-class PaperSGD(torch.optim.Optimizer):
+class PaperSGD(Optimizer):
     """SGD with momentum in the paper's velocity form (see the module docstring)."""
 
     def __init__(self, params, lr: float, momentum: float = 0.9, weight_decay: float = 0.0,

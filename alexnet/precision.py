@@ -19,7 +19,9 @@ def configure_backends(precision: str, device: torch.device, deterministic: bool
     torch.backends.cudnn.allow_tf32 = tf32
     if deterministic:
         os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
-    torch.use_deterministic_algorithms(deterministic)
+    if torch.are_deterministic_algorithms_enabled() != deterministic:
+        # only when it changes: setting it imports torch._inductor (and dynamo), over a second of CPU
+        torch.use_deterministic_algorithms(deterministic)
     torch.backends.cudnn.deterministic = deterministic
     torch.backends.cudnn.benchmark = device.type == "cuda" and not deterministic
 

@@ -24,15 +24,12 @@ import contextlib
 from collections.abc import Callable
 
 import torch
-import torch.distributed as tdist
 import torch.nn.functional as F
 from torch import nn
 
-from layers import Comm
-
 from .config import Config, ConfigError
 from .distributed import DistInfo
-from .exchange import WeightExchange, broadcast_from_first, wrap_gradients
+from .exchange import WeightExchange, average_statistics, broadcast_from_first, wrap_gradients
 from .large_batch import ModelGroupNorms
 from .model_parallel import ShardedNet, build_sharded, parameter_bytes
 from .models import build_model
@@ -96,9 +93,7 @@ class MeshLayout:
         args = (m.arch, num_classes, m.width, m.dropout, self.cfg.data.crop, m.init, m.dropout_style)
         if not self.sharded:
             return build_model(*args, lrn=m.lrn)
-        peers = self.dist.model_peers
-        comm = Comm(peers.group, peers.rank, peers.size, before=before_collective)
-        return build_sharded(*args, self.mode, comm, lrn=m.lrn)
+        return build_sharded(*args, self.mode, self.dist.model_peers.with_before(before_collective), lrn=m.lrn)
 
     # -- checkpoints ---------------------------------------------------------------------------------------
 
@@ -115,9 +110,7 @@ class MeshLayout:
         shaped = _shaped_state(opt_state["state"], named, lambda name, p: tuple(p.shape))
         mine = ({k: v.detach().cpu() for k, v in model_state.items()},
                 {key: {name: v.detach().cpu() for name, v in by_name.items()} for key, by_name in shaped.items()})
-        peers = self.dist.model_peers
-        pieces = [None] * peers.size if self.dist.is_main else None
-        tdist.gather_object(mine, pieces, dst=peers.ranks[0], group=peers.cpu_group)
+        pieces = self.dist.model_peers.gather_object(mine, dst=0)
         if not self.dist.is_main:
             return model_state, opt_state
         whole = {key: model.assemble([p[1][key] for p in pieces]) for key in shaped}
@@ -180,6 +173,11 @@ def _refuse_replica_adaptation(cfg: Config, dist: DistInfo) -> None:
                           "parallel.exchange=gradients")
 
 
+def _at_least_fp32(t: torch.Tensor) -> torch.Tensor:
+    """Autocast's bf16 logits in fp32 for the loss; a float64 model's stay float64."""
+    return t if t.dtype == torch.float64 else t.float()
+
+
 def sgd_step(forward, optimizer: torch.optim.Optimizer, x: torch.Tensor, y: torch.Tensor, autocast,
              slices: int = 1, no_sync=None, keep_grads: bool = False, loss_scale: float = 1.0,
              before_update=None) -> tuple[torch.Tensor, torch.Tensor]:
@@ -200,7 +198,7 @@ def sgd_step(forward, optimizer: torch.optim.Optimizer, x: torch.Tensor, y: torc
         with no_sync() if defer else contextlib.nullcontext():
             with autocast():
                 logits = forward(xs)
-            loss = F.cross_entropy(logits.float(), ys, reduction="sum") / n
+            loss = F.cross_entropy(_at_least_fp32(logits), ys, reduction="sum") / n
             (loss * loss_scale if loss_scale != 1 else loss).backward()
         losses.append(loss.detach())
         outputs.append(logits.detach())
@@ -233,7 +231,7 @@ class Replica:
         # DDP over the processes holding the same part: all of them (M = 1), or the part's data group
         self.ddp = cfg.parallel.exchange == "gradients" and dist.data_peers is not None and dist.data_peers.size > 1
         self.exchange: WeightExchange | None = None
-        self.comms: list[Comm] = [self.model.comm] if self.layout.sharded else []
+        self.comms = [self.model.comm] if self.layout.sharded else []
         forward = self._replicate()
         self.forward = torch.compile(forward) if cfg.train.compile else forward
 
@@ -244,12 +242,11 @@ class Replica:
             return model
         if peers.size == 1:  # one model group and no replica of it: nothing to keep in step
             return model
+        comm = peers.with_before(self.arrive)
         if p.exchange == "weights":
-            self.arrive()
-            broadcast_from_first([t.data for t in model.parameters()], peers)
-            self.exchange = WeightExchange(model, self.optimizer, peers, self.dist.transport, p.exchange_every)
+            broadcast_from_first([t.data for t in model.parameters()], comm)
+            self.exchange = WeightExchange(model, self.optimizer, comm, self.dist.transport, p.exchange_every)
             return model
-        comm = Comm(peers.group, peers.rank, peers.size, before=self.arrive)
         self.comms.append(comm)
         return wrap_gradients(model, self.dist.device, p.bucket_mb, comm)  # DDP broadcasts the first's weights
 
@@ -258,18 +255,32 @@ class Replica:
         slices = self.cfg.train.slices
         no_sync = getattr(self.forward, "no_sync", None) if slices > 1 else None
         out = sgd_step(self.forward, self.optimizer, x, y, autocast, slices, no_sync, keep_grads=self.ddp,
-                       loss_scale=self.layout.loss_scale,
-                       before_update=self.model.sync_model_group if self.layout.sharded else None)
-        if self.exchange is not None and steps_done % self.exchange.every == 0:
-            self.arrive()
+                       loss_scale=self.layout.loss_scale, before_update=self._before_update)
+        if self.exchange is not None:
             self.exchange.after_step(steps_done)
         return out
+
+    def _before_update(self) -> None:
+        """Between the last backward pass and the update: the gradients the step applies are the model
+        group's (replicated layers summed over it) and, without DDP, the data group's mean."""
+        if self.layout.sharded:
+            self.model.sync_model_group()
+        sync = getattr(self.forward, "sync", None)  # AveragedGradients (DDP averages during backward)
+        if sync is not None:
+            sync()
 
     def average_now(self) -> None:
         """Weights mode between two exchanges: average, so a checkpoint holds every replica."""
         if self.exchange is not None:
-            self.arrive()
             self.exchange.average()
+
+    def average_statistics(self) -> None:
+        """Batch norm's per-process running statistics averaged over the processes holding the same layers
+        (before validation and checkpoints), so that neither depends on the rank that evaluates or writes:
+        over the model group for fc's replicated convs, then over the data group in gradients mode (the
+        weights exchange averages them itself)."""
+        data = self.dist.data_peers.with_before(self.arrive) if self.ddp else None
+        average_statistics(self.model, data)
 
     def sent_bytes(self) -> int:
         """Bytes this process has put on links so far (activations, gradients, weights)."""

@@ -15,7 +15,6 @@ from pathlib import Path
 
 import numpy as np
 import torch
-import torch.distributed as tdist
 import torch.nn.functional as F
 
 from data.augment import random_bits
@@ -23,12 +22,10 @@ from data.layouts import DataError
 from data.loader import InlineLoader, LoaderSpec
 from data.reader import load_meta
 from data.slot_loader import SlotLoader
-from layers import Comm
 
 from .checkpoint import CHECKPOINT_KIND, BackgroundWriter, CheckpointDir, CheckpointError, load, to_host
 from .config import Config, ConfigError, dump_yaml, to_dict
 from .distributed import DistInfo, print0, slow_barrier
-from .exchange import average_statistics
 from .launch import Heartbeat
 from .metrics import Meter, MetricsLog
 from .optim import LRSchedule
@@ -105,6 +102,7 @@ class Trainer:
         self.has_val = "val" in self.meta["splits"]
         configure_backends(cfg.train.precision, self.device, cfg.train.deterministic)
         self.heartbeat = Heartbeat(dist.rank)
+        self.comm = dist.comm.with_before(self.heartbeat.arrive)  # every process: metrics, stops, RNG states
         self.replica = Replica(cfg, dist, self.num_classes, arrive=self.heartbeat.arrive)
         self.layout, self.model, self.forward = self.replica.layout, self.replica.model, self.replica.forward
         self.optimizer = self.replica.optimizer
@@ -230,8 +228,7 @@ class Trainer:
         if not boundary:
             return False  # replicas must stop at the same step: they agree only here
         flag = torch.tensor([int(self.stop.requested)])
-        self.heartbeat.arrive()
-        tdist.all_reduce(flag, op=tdist.ReduceOp.MAX, group=self.dist.cpu_group)
+        self.comm.all_reduce(flag, "max")
         if flag.item() and not self.stop.requested:
             self.stop.request(signal.SIGINT)  # a peer was interrupted: stop as if we were too
         return bool(flag.item())
@@ -247,9 +244,7 @@ class Trainer:
         """Raise NonFiniteLoss naming the first step whose loss was NaN or inf, or (`weights`: before a
         checkpoint) if any weight or velocity is; one host sync, agreed by all replicas."""
         bad = torch.stack([self.first_bad, -self._weights_bad() if weights else torch.zeros_like(self.first_bad)])
-        if self.dist.distributed:  # the first bad step of any replica; -1 if any replica's weights are bad
-            self.heartbeat.arrive()
-            tdist.all_reduce(bad, op=tdist.ReduceOp.MIN)
+        self.comm.all_reduce(bad, "min")  # the first bad step of any replica; -1 if any replica's weights are bad
         step, weights_bad = int(bad[0]), int(bad[1]) < 0
         if step == _NO_BAD_STEP and not weights_bad:
             return
@@ -279,9 +274,7 @@ class Trainer:
 
     def reduce(self, sums: torch.Tensor) -> torch.Tensor:
         """Sum a metrics vector over replicas (exact counts: every replica adds its own images)."""
-        if self.dist.distributed:
-            self.heartbeat.arrive()
-            tdist.all_reduce(sums)
+        self.comm.all_reduce(sums)
         return sums
 
     def _log_train(self, epoch: int, lr: float, window: tuple[float, int], bar) -> None:
@@ -298,7 +291,7 @@ class Trainer:
     @torch.no_grad()
     def evaluate(self, epoch: int) -> dict:
         """Center-crop top-1/top-5 error over the whole validation split (sharded, exact counts)."""
-        self.average_statistics()
+        self.replica.average_statistics()
         self.model.eval()
         meter, start, n = Meter(self.device), time.perf_counter(), 0
         bar = self._bar(epoch - 1, 0, split="val")
@@ -336,12 +329,8 @@ class Trainer:
 
     def rng_states(self) -> list[dict]:
         """Every replica's dropout RNG state, in rank order."""
-        if not self.dist.distributed:
-            return [rng_state(self.device)]
-        states = [None] * self.dist.world
         self.heartbeat.arrive()
-        tdist.all_gather_object(states, rng_state(self.device), group=self.dist.cpu_group)
-        return states
+        return self.comm.all_gather_object(rng_state(self.device))
 
     def state_dict(self) -> dict:
         """The checkpoint: the single-device model and optimizer state whatever the layout (complete on
@@ -367,21 +356,13 @@ class Trainer:
         exchange = self.replica.exchange
         if exchange is not None and self.global_step % exchange.every:
             self.replica.average_now()
-        self.average_statistics()
+        self.replica.average_statistics()
         state = self.state_dict()
         if self.dist.is_main:  # the step loop pays for a host copy; a thread writes it to disk
             host = to_host(state)
             self.writer.submit(lambda: self.ckpt.save(host, epoch_done, is_best))
             if not epoch_done:
                 print0(self.dist, f"checkpoint at epoch {self.epoch + 1}, step {self.step}: {self.ckpt.last}")
-
-    def average_statistics(self) -> None:
-        """Batch norm's per-process running statistics averaged over the processes holding the same layers
-        before validation and checkpoints, so that neither depends on the rank that evaluates or writes
-        (a run that saves at the same steps does the same, so resuming stays exact)."""
-        peers = self.dist.data_peers
-        data = Comm(peers.group, peers.rank, peers.size, before=self.heartbeat.arrive) if self.replica.ddp else None
-        average_statistics(self.model, data)
 
     def wait_for_writer(self) -> None:
         """Rank 0 finishes writing the previous checkpoint; the other replicas wait for it here, at a

@@ -24,7 +24,7 @@ from alexnet.checkpoint import compare_checkpoints, load
 from alexnet.launch import free_port
 from alexnet.metrics import read_metrics, without_wall_clock
 from alexnet.models import build_model, count_params, feature_side, min_crop
-from layers import Comm, MaxPool
+from layers import Comm, MaxPool, TorchComm
 from tests.conftest import load_script, signal_handlers_kept, tiny_overrides
 from tests.test_parallel import train as train_run
 
@@ -179,7 +179,7 @@ def test_columns_split_each_statistic_by_channel():
         bn.running_mean.copy_(torch.arange(bn.num_features) + 100.0 * i)
         bn.running_var.copy_(torch.arange(bn.num_features) + 0.5)
         bn.num_batches_tracked.fill_(7)
-    parts = [ShardedNet(full, "columns", Comm(None, m, 2)) for m in (0, 1)]
+    parts = [ShardedNet(full, "columns", TorchComm(None, None, m, (0, 1))) for m in (0, 1)]
     for m, part in enumerate(parts):
         for name in ("bn2", "bn3", "bn4", "bn5"):
             whole, mine = full.features.get_submodule(name), part.features.get_submodule(name)
@@ -279,14 +279,13 @@ def _replica_batch(rank: int, step: int) -> tuple[torch.Tensor, torch.Tensor]:
 def _exchange(rank: int, transport: str, out: str) -> None:
     """The weights exchange after one step of each replica on its own images."""
     from alexnet.config import TrainConfig
-    from alexnet.distributed import Peers
     from alexnet.exchange import WeightExchange
     from alexnet.optim import build_optimizer
     from alexnet.replica import sgd_step
     torch.manual_seed(0)
     model = build_model("alexnet_bn", CLASSES, WIDTH, 0.0, CROP, "torch")
     opt = build_optimizer(model, TrainConfig(lr=0.01))
-    exchange = WeightExchange(model, opt, Peers(dist.group.WORLD, dist.group.WORLD, rank, (0, 1)), transport)
+    exchange = WeightExchange(model, opt, TorchComm(dist.group.WORLD, None, rank, (0, 1)), transport)
     sgd_step(model, opt, *_replica_batch(rank, 0), lambda: torch.autocast("cpu", enabled=False))
     before = {k: v.clone() for k, v in model.state_dict().items()}
     exchange.after_step(1)
@@ -298,7 +297,7 @@ def _member(rank: int, port: int, out: str) -> None:
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     torch.set_num_threads(1)
     dist.init_process_group("gloo", rank=rank, world_size=2)
-    comm = Comm(dist.group.WORLD, rank, 2)
+    comm = TorchComm(dist.group.WORLD, None, rank, (0, 1))
     _columns(comm, out)
     _ddp(comm, out)
     _fc(comm, out)

@@ -1,15 +1,14 @@
 """layers/collectives.py: what the uneven gathers put on the stream before their collective, and the
-gathers' forward and backward passes against the plain concatenation (members simulated by threads)."""
+gathers' forward and backward passes against the plain concatenation, on the rank simulator (layers/sim.py)
+with both reduce-scatter routes (NCCL's native one, gloo's all-reduce), and the bytes each counts."""
 from __future__ import annotations
-
-import threading
 
 import pytest
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-import layers.collectives as collectives
 from layers.collectives import Comm, gather, gather_counts
+from layers.sim import SimWorld
 
 HOST_DATA = ("aten.lift_fresh", "aten._to_copy", "aten.copy_")  # a tensor made from host values
 
@@ -26,79 +25,43 @@ class _Ops(TorchDispatchMode):
         return func(*args, **(kwargs or {}))
 
 
-def test_count_is_made_on_the_device_not_copied_from_the_host(monkeypatch):
+class _Recorder(Comm):
+    """Member 0 of 2, whose all-gather notes the ops that ran before it and answers 3 for member 1."""
+
+    def __init__(self, ops: _Ops):
+        super().__init__(0, (0, 1))
+        self.ops, self.before_gather = ops, []
+
+    def with_before(self, before):
+        return self
+
+    def _all_gather(self, t):
+        self.before_gather.extend(self.ops.names)  # what ran before the collective: the count's construction
+        return [t.clone(), torch.full_like(t, 3)]
+
+    _all_reduce = _reduce_scatter = _broadcast = all_gather_object = gather_object = broadcast_object = barrier = None
+
+
+def test_count_is_made_on_the_device_not_copied_from_the_host():
     """torch.tensor([n], device=cuda) is a pageable host copy that waits for the stream, every batch."""
-    before_gather = []
-
-    def all_gather(parts, x, group=None):
-        before_gather.extend(ops.names)  # what ran before the collective: the count's construction
-        parts[0].copy_(x)
-        parts[1].fill_(3)
-
-    monkeypatch.setattr(collectives.dist, "all_gather", all_gather)
     with _Ops() as ops:
-        counts = gather_counts(5, Comm(group=None, rank=0, size=2), torch.device("cpu"))
+        comm = _Recorder(ops)
+        counts = gather_counts(5, comm, torch.device("cpu"))
     assert counts == (5, 3)
-    assert any(name.startswith(("aten.full", "aten.fill")) for name in before_gather), before_gather
-    assert not [name for name in before_gather if name.startswith(HOST_DATA)], before_gather
+    assert any(name.startswith(("aten.full", "aten.fill")) for name in comm.before_gather), comm.before_gather
+    assert not [name for name in comm.before_gather if name.startswith(HOST_DATA)], comm.before_gather
 
 
-# -- forward and backward against the plain concatenation, members simulated by threads -----------------
+# -- forward and backward against the plain concatenation, on the simulator ---------------------------------
 
-class _ThreadGroup:
-    """dist.all_gather and dist.all_reduce (sum) among `size` threads of this process, each knowing its rank:
-    a group's collectives with no process group at all."""
-
-    def __init__(self, size: int):
-        self.size, self.barrier, self.slots, self.local = size, threading.Barrier(size, timeout=30), [None] * size, \
-            threading.local()
-
-    def _exchange(self, t: torch.Tensor) -> list[torch.Tensor]:
-        self.slots[self.local.rank] = t.detach().clone()
-        self.barrier.wait()
-        seen = list(self.slots)
-        self.barrier.wait()
-        return seen
-
-    def all_gather(self, parts, x, group=None):
-        for part, got in zip(parts, self._exchange(x), strict=True):
-            part.copy_(got)
-
-    def all_reduce(self, t, group=None):
-        t.copy_(torch.stack(self._exchange(t)).sum(0))
-
-    def run(self, member) -> list:
-        """member(rank, comm) in every thread; their results in rank order."""
-        out, errors = [None] * self.size, []
-
-        def body(rank):
-            self.local.rank = rank
-            try:
-                out[rank] = member(rank, Comm(group=None, rank=rank, size=self.size))
-            except BaseException as e:  # noqa: BLE001 - raised again below
-                errors.append(e)
-                self.barrier.abort()
-        threads = [threading.Thread(target=body, args=(r,)) for r in range(self.size)]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
-        if errors:
-            raise errors[0]
-        return out
+def _run(size: int, nccl: bool, member) -> list:
+    world = SimWorld(size, nccl=nccl)
+    return world.run(lambda rank: member(rank, world.comm(rank)))
 
 
-@pytest.fixture
-def group3(monkeypatch) -> _ThreadGroup:
-    g = _ThreadGroup(3)
-    monkeypatch.setattr(collectives.dist, "all_gather", g.all_gather)
-    monkeypatch.setattr(collectives.dist, "all_reduce", g.all_reduce)
-    monkeypatch.setattr(collectives.dist, "get_backend", lambda group=None: "gloo")
-    return g
-
-
+@pytest.mark.parametrize("nccl", [False, True], ids=["gloo-route", "nccl-route"])
 @pytest.mark.parametrize("counts", [(2, 0, 3), (1, 1, 1)])
-def test_gather_along_the_batch_and_its_gradient(group3, counts):
+def test_gather_along_the_batch_and_its_gradient(counts, nccl):
     """Members holding 2, 0 and 3 rows (an uneven last batch) get the 5 rows in member order; each member
     weighs the gathered rows by its own W_m, so the gradient of its rows is the sum over members of their
     rows of W_m (every member used every row)."""
@@ -110,17 +73,24 @@ def test_gather_along_the_batch_and_its_gradient(group3, counts):
         x = xs[rank].clone().requires_grad_(True)
         y = gather(x, comm, 0, counts if len(set(counts)) > 1 else None)
         (y * ws[rank]).sum().backward()
-        return y.detach(), x.grad
+        return y.detach(), x.grad, comm.sent[0]
 
-    got = group3.run(member)
+    got = _run(3, nccl, member)
     whole, total = torch.cat(xs), sum(ws)
     starts = [sum(counts[:r]) for r in range(3)]
-    for rank, (y, grad) in enumerate(got):
+    rows = max(counts)  # the transfer pads every member to the largest count
+    for rank, (y, grad, sent) in enumerate(got):
         torch.testing.assert_close(y, whole, rtol=0, atol=0)
         torch.testing.assert_close(grad, total[starts[rank]:starts[rank] + counts[rank]])
+        # by hand: the forward all-gather sends its rows to 2 peers; the backward sends its gradient chunk
+        # to 2 peers (NCCL's reduce-scatter), or 2 x (2/3) of all 3 chunks (gloo's all-reduce); 8 bytes a value
+        forward = rows * 4 * 8 * 2
+        backward = rows * 4 * 8 * 2 if nccl else 2 * 3 * rows * 4 * 8 * 2 // 3
+        assert sent == forward + backward, (rank, sent)
 
 
-def test_gather_along_the_channels_and_its_gradient(group3):
+@pytest.mark.parametrize("nccl", [False, True], ids=["gloo-route", "nccl-route"])
+def test_gather_along_the_channels_and_its_gradient(nccl):
     """Columns concatenate their channels (dim 1): member m's channels are its own, at its place."""
     gen = torch.Generator().manual_seed(1)
     xs = [torch.randn(2, 3, 2, 2, generator=gen, dtype=torch.float64) for _ in range(3)]
@@ -133,6 +103,13 @@ def test_gather_along_the_channels_and_its_gradient(group3):
         return y.detach(), x.grad
 
     total = sum(ws)
-    for rank, (y, grad) in enumerate(group3.run(member)):
+    for rank, (y, grad) in enumerate(_run(3, nccl, member)):
         torch.testing.assert_close(y, torch.cat(xs, dim=1), rtol=0, atol=0)
         torch.testing.assert_close(grad, total[:, 3 * rank:3 * rank + 3])
+
+
+def test_a_group_of_one_gathers_nothing():
+    world = SimWorld(1)
+    x = torch.randn(2, 3)
+    y = world.run(lambda rank: gather(x, world.comm(rank), 1))[0]
+    assert y is x

@@ -9,11 +9,12 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from alexnet.config import ParallelConfig, TrainConfig
-from alexnet.distributed import Peers, leave_together
+from alexnet.distributed import leave_together
 from alexnet.exchange import WeightExchange, broadcast_from_first
 from alexnet.launch import free_port
 from alexnet.optim import build_optimizer
 from alexnet.replica import sgd_step
+from layers import Comm, TorchComm
 
 SCENARIOS = {  # name: (transport, exchange every, steps); all four run in one group of 3 processes
     "average ipc": ("ipc", 1, 4), "average gloo": ("gloo", 1, 4),
@@ -21,12 +22,12 @@ SCENARIOS = {  # name: (transport, exchange every, steps); all four run in one g
 }
 
 
-def _history(rank: int, transport: str, every: int, steps: int, peers: Peers | None = None) -> list[dict]:
+def _history(rank: int, transport: str, every: int, steps: int, peers: Comm | None = None) -> list[dict]:
     """One replica's parameters and velocities before and after each step's exchange (among `peers`,
     default the whole world)."""
     torch.manual_seed(100 + rank)  # deliberately different starts: the broadcast must fix that
     model = torch.nn.Sequential(torch.nn.Linear(5, 7), torch.nn.ReLU(), torch.nn.Linear(7, 3))
-    peers = peers or Peers(dist.group.WORLD, dist.group.WORLD, rank, tuple(range(dist.get_world_size())))
+    peers = peers or TorchComm(dist.group.WORLD, None, rank, tuple(range(dist.get_world_size())))
     broadcast_from_first([p.data for p in model.parameters()], peers)
     opt = build_optimizer(model, TrainConfig(lr=0.1, momentum=0.9, weight_decay=1e-3))
     exchange = WeightExchange(model, opt, peers, transport, every)
@@ -77,7 +78,7 @@ def _member(rank: int, world: int, port: int, out: str) -> None:
     pair = dist.new_group([1, 2])  # a data group smaller than the world, as in a hybrid mesh; all make it
     if rank in (1, 2):
         for transport in ("ipc", "gloo"):
-            peers = Peers(pair, pair, rank - 1, (1, 2))
+            peers = TorchComm(pair, None, rank - 1, (1, 2))
             torch.save(_history(rank, transport, 1, 2, peers), f"{out}/pair {transport} rank{rank}.pt")
     leave_together(rank, world)  # rank 0 hosts the store that ranks 1 and 2 may still be using
     if rank == 0:
@@ -192,7 +193,7 @@ def _ipc_gpu_replica(rank: int, world: int, port: int, out: str) -> None:
     dist.init_process_group("gloo", rank=rank, world_size=world)
     device = torch.device("cuda", 0)
     torch.cuda.set_device(device)
-    avg = IpcAverage(1000, device, Peers(dist.group.WORLD, dist.group.WORLD, rank, tuple(range(world))))
+    avg = IpcAverage(1000, device, TorchComm(dist.group.WORLD, None, rank, tuple(range(world))))
     results, host_waited = [], []
     for step in range(4):
         tensors = [torch.full((600,), float(rank + step), device=device), torch.full((400,), float(10 * rank))]

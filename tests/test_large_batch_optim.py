@@ -19,7 +19,7 @@ from alexnet.large_batch import LAMB, LARS, ModelGroupNorms
 from alexnet.optim import LRSchedule, PaperSGD, build_optimizer, param_groups
 from alexnet.replica import Replica
 from alexnet.trainer import Trainer
-from layers import Comm
+from layers import TorchComm
 from tests.conftest import tiny_overrides
 
 EPS = 1e-9          # LARS's epsilon, as documented in alexnet/large_batch.py
@@ -225,7 +225,7 @@ def test_model_group_norms_sum_only_the_sharded_columns(monkeypatch):
         comm.arrive()
         flat.mul_(2)
     monkeypatch.setattr(lb, "all_reduce_sum", fake_all_reduce)
-    reducer = ModelGroupNorms([a, c], Comm(None, 0, 2, before=lambda: calls.append(1)))
+    reducer = ModelGroupNorms([a, c], TorchComm(None, None, 0, (0, 1), before=lambda: calls.append(1)))
     squares = torch.tensor([[1.0, 2.0, 3.0], [4.0, 5.0, 6.0]])
     reducer([a, b, c], squares)
     assert squares.tolist() == [[2.0, 2.0, 6.0], [8.0, 5.0, 12.0]] and calls == [1]

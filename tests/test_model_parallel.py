@@ -22,7 +22,7 @@ from alexnet.launch import free_port
 from alexnet.metrics import read_metrics
 from alexnet.model_parallel import ShardedNet, build_sharded, parameter_bytes, sharding_problem
 from alexnet.models import build_model
-from layers import Comm
+from layers import Comm, TorchComm
 from tests.conftest import load_script
 from tests.test_parallel import assert_fault_ends_the_run, rel_diff, train
 
@@ -76,7 +76,8 @@ def _member(rank: int, ports: tuple[int, int], out: str) -> None:
     for mode, arch, world in PART_CASES:
         group = dist.new_group(list(range(world)))  # every process takes part in making a group
         if rank < world:
-            _check_layout(Comm(group, rank, world), mode, arch, f"{out}/{mode}-{arch}-{world}.pt")
+            comm = TorchComm(group, None, rank, tuple(range(world)))
+            _check_layout(comm, mode, arch, f"{out}/{mode}-{arch}-{world}.pt")
     leave_together(rank, 4)
     _hybrid_member(rank, 4, ports[1], 2, out)
 
@@ -105,7 +106,7 @@ def test_parameter_bytes_per_process(mode, world):
     """Full-size AlexNet: each process holds 1/M of the sharded layers plus the replicated ones."""
     with torch.device("meta"):
         full = build_model("alexnet", 1000, 1.0, 0.5, 227, "torch")
-        parts = [ShardedNet(full, mode, Comm(None, m, world)) for m in range(world)]
+        parts = [ShardedNet(full, mode, TorchComm(None, None, m, tuple(range(world)))) for m in range(world)]
     sharded = sum(p.numel() * 4 for k, p in full.named_parameters() if k in parts[0].sharded_keys)
     replicated = parameter_bytes(full) - sharded
     for part in parts:

@@ -45,7 +45,6 @@ def run(args) -> dict:
 def _worker(rank: int, world: int, port: int, args, out: str) -> None:
     """One replica of the exchange benchmark: times every feasible transport, rank 0 writes JSON."""
     import torch
-    import torch.distributed as dist
 
     from alexnet.config import Config, TrainConfig
     from alexnet.distributed import setup, teardown
@@ -65,7 +64,7 @@ def _worker(rank: int, world: int, port: int, args, out: str) -> None:
     grads = [p.data.clone() for p in model.parameters()]
 
     def timed(fn) -> float:
-        return timed_steps(fn, 1, device, args.repeat, args.warmup, lambda: dist.barrier(group=info.cpu_group))
+        return timed_steps(fn, 1, device, args.repeat, args.warmup, info.comm.barrier)
     allreduce = "nccl" if info.transport == "nccl" else "gloo"
     rows = []
     for transport in (["ipc"] if info.transport == "ipc" else []) + [allreduce]:  # ipc: one GPU or the CPU

@@ -48,7 +48,6 @@ def per_process_batch(global_batch: int, replicas: int, model_size: int, mode: s
 def _worker(rank: int, world: int, port: int, spec: dict, out: str) -> None:
     """One process of a layout: time `steps` training steps after `warmup`; rank 0 writes the figures."""
     import torch
-    import torch.distributed as dist
 
     from alexnet.config import Config, apply
     from alexnet.distributed import setup, teardown
@@ -68,15 +67,14 @@ def _worker(rank: int, world: int, port: int, spec: dict, out: str) -> None:
 
     def step() -> None:
         replica.step(x, y, next(numbers), lambda: autocast_for(cfg.train.precision, info.device))
-    barrier = lambda: dist.barrier(group=info.cpu_group)  # noqa: E731
+    barrier = info.comm.barrier
     timed_steps(step, spec["warmup"], info.device, 1, barrier=barrier)
     sent0 = replica.sent_bytes()
     n = spec["steps"]
     mine = {"s_per_step": timed_steps(step, n, info.device, spec["repeat"], barrier=barrier) / n,
             "sent_per_step": (replica.sent_bytes() - sent0) / (n * spec["repeat"]),
             "param_bytes": replica.parameter_bytes()}
-    everyone = [None] * world
-    dist.all_gather_object(everyone, mine, group=info.cpu_group)
+    everyone = info.comm.all_gather_object(mine)
     if rank == 0:
         Path(out).write_text(json.dumps(everyone))
     teardown(info)

@@ -1,0 +1,48 @@
+"""Running a test's members on the rank simulator or on real gloo processes, with one signature.
+
+``members(backend, size, fn, *args)`` calls ``fn(comm, *args)`` on every member of a group of `size` and
+returns their results in rank order: ``"sim"`` on layers/sim.py's SimWorld in this process (milliseconds),
+``"gloo"`` in `size` spawned processes over torch.distributed's gloo (seconds: one start-up of torch per
+process), each result saved by its process with torch.save and read back here. `fn` must be a module-level
+function (the spawned processes import it) and its results plain data and tensors.
+"""
+from __future__ import annotations
+
+import os
+import tempfile
+from pathlib import Path
+
+import torch
+
+BACKENDS = ("sim", "gloo")
+
+
+def members(backend: str, size: int, fn, *args) -> list:
+    if backend == "sim":
+        from layers.sim import SimWorld
+        world = SimWorld(size)
+        return world.run(lambda rank: fn(world.comm(rank), *args))
+    if backend != "gloo":
+        raise ValueError(f"backend {backend!r}: one of {BACKENDS}")
+    import torch.multiprocessing as mp
+
+    from alexnet.launch import free_port
+    with tempfile.TemporaryDirectory() as out:
+        mp.start_processes(_member, args=(size, free_port(), out, fn, args), nprocs=size, start_method="spawn")
+        return [torch.load(Path(out) / f"rank{r}.pt", weights_only=True) for r in range(size)]
+
+
+def _member(rank: int, size: int, port: int, out: str, fn, args: tuple) -> None:
+    import torch.distributed as dist
+
+    from alexnet.distributed import leave_together
+    from layers import TorchComm
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", rank=rank, world_size=size)
+    result = fn(TorchComm(dist.group.WORLD, None, rank, tuple(range(size))), *args)
+    torch.save(result, Path(out) / f"rank{rank}.pt")
+    leave_together(rank, size)
+    # Freeing a gloo group right after its last collective can deadlock (the group's worker thread waits
+    # for the GIL to free the finished work while the freeing thread holds it): end without freeing.
+    os._exit(0)

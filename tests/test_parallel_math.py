@@ -1,0 +1,401 @@
+"""The distributed math on the rank simulator (alexnet/simulate.py): every layout of R replicas x M model
+shards trains as one process with the global batch, over generated layouts, architectures, optimizers,
+exchanges and micro-batches (Hypothesis); the weights exchange every k steps against replicas trained
+apart and averaged by hand; sharded layers' trust ratios; uneven evaluation rows; batch-norm statistics
+per replica and their averages.
+
+Each rank runs alexnet/replica.py's Replica on its share of one global batch, read as the reader does
+(MeshLayout.reader_rank of reader_world); the expectation is one process (a Replica without peers) on the
+whole batch, or replicas computed apart in this process and averaged with torch by hand. Everything runs
+in float64, so that the order in which collectives add leaves ~1e-14 and the tolerance can be 1e-6:
+a gradient or a trust ratio off by far less than a factor shows.
+"""
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass
+
+import pytest
+import torch
+import torch.nn.functional as F
+from hypothesis import HealthCheck, assume, given, settings
+from hypothesis import strategies as st
+
+from alexnet.config import Config, ConfigError, apply, validate
+from alexnet.distributed import DistInfo
+from alexnet.model_parallel import build_sharded
+from alexnet.models import build_model
+from alexnet.replica import Replica
+from alexnet.simulate import run_ranks
+
+CLASSES = 4
+TOLERANCE = 1e-6  # relative, in float64 (see the module docstring)
+FLOOR = 1e-3      # tensors smaller than this are compared absolutely (to 1e-9): conv1's bias ahead of batch
+                  # norm has a gradient that nearly cancels, whose velocity is mostly rounding
+
+
+@pytest.fixture(autouse=True)
+def float64():
+    before = torch.get_default_dtype()
+    torch.set_default_dtype(torch.float64)
+    yield
+    torch.set_default_dtype(before)
+CROP = {"alexnet": 67, "caffenet": 67, "alexnet_bn": 67, "owt": 63}
+NO_AUTOCAST = contextlib.nullcontext
+
+
+@dataclass(frozen=True)
+class Layout:
+    replicas: int = 1
+    model_size: int = 1
+    mode: str = "fc"
+    exchange: str = "gradients"
+    slices: int = 1
+    batch: int = 4            # train.batch_size, in the layout's own meaning (MeshLayout)
+    arch: str = "alexnet"
+    optimizer: str = "sgd"
+    momentum: float = 0.9
+    every: int = 1
+
+    def overrides(self) -> dict:
+        over = {"model.arch": self.arch, "model.width": 0.125, "model.dropout": 0.0, "model.init": "torch",
+                "data.crop": CROP[self.arch], "data.root": "unused", "train.batch_size": self.batch,
+                "train.slices": self.slices, "train.optimizer": self.optimizer, "train.weight_decay": 5e-4,
+                "parallel.replicas": self.replicas, "parallel.model_size": self.model_size,
+                "parallel.model": self.mode, "parallel.exchange": self.exchange, "parallel.exchange_every": self.every}
+        if self.optimizer == "lamb":
+            over["train.lr"] = 0.01
+        else:  # large enough that a gradient off by a factor, or a wrong trust ratio, shows in 3 steps
+            over.update({"train.lr": 0.5 if self.optimizer == "lars" else 0.05, "train.momentum": self.momentum})
+        if self.optimizer == "lars":
+            over["train.trust_coefficient"] = 0.02
+        return over
+
+    def config(self, **changes) -> Config:
+        cfg = Config()
+        apply(cfg, {**self.overrides(), **changes}, "test")
+        validate(cfg)
+        return cfg
+
+    @property
+    def world(self) -> int:
+        return self.replicas * self.model_size
+
+    @property
+    def readers(self) -> int:
+        """Processes reading distinct images (the global batch is batch x readers)."""
+        return self.replicas if self.mode == "columns" and self.model_size > 1 else self.world
+
+
+def global_batches(layout: Layout, steps: int, seed: int = 0) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    g = torch.Generator().manual_seed(seed)
+    n, crop = layout.batch * layout.readers, CROP[layout.arch]
+    return [(torch.randn(n, 3, crop, crop, generator=g), torch.randint(0, CLASSES, (n,), generator=g))
+            for _ in range(steps)]
+
+
+def _state(replica: Replica) -> dict:
+    """The single-device model and optimizer state (complete on rank 0), as a checkpoint holds them."""
+    model, opt = replica.full_state()
+    out = {("model", k): v.detach().clone() for k, v in model.items()}
+    for i, s in opt["state"].items():
+        out.update({("opt", i, key): v.detach().clone() for key, v in s.items() if torch.is_tensor(v) and v.ndim})
+    return out
+
+
+def on_ranks(layout: Layout, batches, nccl: bool = False, **changes) -> dict:
+    """Train `layout` on the simulator, one step per global batch; rank 0's assembled state."""
+    cfg = layout.config(**changes)
+
+    def member(info: DistInfo):
+        replica = Replica(cfg, info, CLASSES)
+        b, r = cfg.train.batch_size, replica.layout.reader_rank
+        for step, (x, y) in enumerate(batches, 1):
+            replica.step(x[r * b:(r + 1) * b], y[r * b:(r + 1) * b], step, NO_AUTOCAST)
+        if replica.exchange is not None and len(batches) % replica.exchange.every:
+            replica.average_now()  # as a checkpoint between two exchanges does
+        replica.average_statistics()
+        return _state(replica)  # every rank takes part (a gather inside model group 0); rank 0's is whole
+    return run_ranks(layout.world, member, layout.model_size, cfg, nccl=nccl)[0]
+
+
+def one_process(layout: Layout, batches, slices: int | None = None) -> dict:
+    """The same steps in one process with the whole global batch (`slices`: its micro-batches)."""
+    one = Layout(batch=layout.batch * layout.readers, arch=layout.arch, optimizer=layout.optimizer,
+                 momentum=layout.momentum, slices=slices or layout.slices)
+    replica = Replica(one.config(), DistInfo(), CLASSES)
+    for step, (x, y) in enumerate(batches, 1):
+        replica.step(x, y, step, NO_AUTOCAST)
+    return _state(replica)
+
+
+STATISTICS = ("running_mean", "running_var", "num_batches_tracked")
+
+
+def rel_diff(a: dict, b: dict, statistics: bool = True) -> float:
+    """max over the tensors of ||a - b|| / ||b||; integer tensors must be equal. Not `statistics`: batch
+    norm's running statistics are left out (a reference in R micro-batches updates them R times in a row,
+    R replicas once each and then average: another moving average, tested by itself below)."""
+    assert a.keys() == b.keys() and any(k[0] == "opt" for k in b)
+    worst = 0.0
+    for key, want in b.items():
+        assert a[key].shape == want.shape, key
+        if not statistics and key[0] == "model" and key[1].rsplit(".", 1)[-1] in STATISTICS:
+            continue
+        if not want.is_floating_point():
+            assert torch.equal(a[key], want), key
+            continue
+        worst = max(worst, float((a[key].double() - want.double()).norm() / want.double().norm().clamp_min(FLOOR)))
+    return worst
+
+
+def _valid(layout: Layout) -> bool:
+    try:
+        layout.config()
+    except ConfigError:
+        return False
+    return True
+
+
+@st.composite
+def layouts(draw) -> Layout:
+    mode = draw(st.sampled_from(["data", "fc", "columns"]))
+    arch = draw(st.sampled_from(["alexnet", "caffenet", "alexnet_bn"] + ([] if mode == "columns" else ["owt"])))
+    model_size = {"data": 1, "columns": 2}.get(mode) or draw(st.sampled_from([2, 4]))
+    replicas = draw(st.integers(1 if model_size > 1 else 2, 3))
+    optimizer = draw(st.sampled_from(["sgd", "lars", "lamb"]))
+    exchange = "gradients" if optimizer != "sgd" and replicas > 1 else draw(st.sampled_from(["weights", "gradients"]))
+    slices = draw(st.sampled_from([1, 2]))
+    batch = draw(st.integers(max(1, slices), 4))
+    return Layout(replicas=replicas, model_size=model_size, mode="fc" if mode == "data" else mode,
+                  exchange=exchange, slices=slices, batch=batch, arch=arch, optimizer=optimizer,
+                  momentum=draw(st.sampled_from([0.0, 0.9])))
+
+
+def reference_slices(layout: Layout) -> int:
+    """Micro-batches of the one-process run that sees what the layout's batch norm sees: every replica
+    (and every fc process) normalises its own images (and its own slices) with their own statistics;
+    columns normalise their group's images as one device would."""
+    if layout.arch != "alexnet_bn":
+        return layout.slices
+    return layout.readers * layout.slices
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(layout=layouts(), nccl=st.booleans())
+def test_every_layout_trains_as_one_process(layout, nccl):
+    """R x M processes (data parallel, fc, columns, the hybrids), each exchange, micro-batches, SGD, LARS
+    and LAMB: three steps equal one process's with the global batch, weights and optimizer state, within
+    TOLERANCE (the collectives add in another order). fc with batch norm is not the single-device function
+    (model_parallel's docstring): its convs' statistics are each process's own images'."""
+    assume(_valid(layout) and not (layout.arch == "alexnet_bn" and layout.mode == "fc" and layout.model_size > 1))
+    batches = global_batches(layout, 3)
+    slices = reference_slices(layout)
+    got, want = on_ranks(layout, batches, nccl=nccl), one_process(layout, batches, slices)
+    assert rel_diff(got, want, statistics=slices == layout.slices) <= TOLERANCE
+
+
+# One example of each family, always run (Hypothesis draws others each run).
+NAMED = {
+    "2 replicas, gradients": Layout(replicas=2),
+    "2 replicas, weights": Layout(replicas=2, exchange="weights"),
+    "3 replicas, weights, plain SGD, 2 slices": Layout(replicas=3, exchange="weights", momentum=0.0, slices=2),
+    "columns": Layout(model_size=2, mode="columns"),
+    "fc M=4, owt": Layout(model_size=4, arch="owt"),
+    "columns R=2, gradients, 2 slices": Layout(replicas=2, model_size=2, mode="columns", slices=2),
+    "fc R=2 x M=2, weights": Layout(replicas=2, model_size=2, exchange="weights"),
+    "fc R=3 x M=2, gradients, 2 slices": Layout(replicas=3, model_size=2, slices=2, batch=2),
+    "LARS, 2 replicas": Layout(replicas=2, optimizer="lars"),
+    "LARS, columns": Layout(model_size=2, mode="columns", optimizer="lars"),
+    "LARS, fc M=2": Layout(model_size=2, optimizer="lars"),
+    "LAMB, fc R=2 x M=2": Layout(replicas=2, model_size=2, optimizer="lamb"),
+    "LAMB, columns": Layout(model_size=2, mode="columns", optimizer="lamb"),
+    "batch norm, 2 replicas": Layout(replicas=2, arch="alexnet_bn"),
+    "batch norm, columns R=2": Layout(replicas=2, model_size=2, mode="columns", arch="alexnet_bn"),
+    "batch norm, 2 replicas, weights": Layout(replicas=2, exchange="weights", arch="alexnet_bn"),
+}
+
+
+@pytest.mark.parametrize("name", list(NAMED))
+def test_named_layouts_train_as_one_process(name):
+    layout = NAMED[name]
+    batches = global_batches(layout, 3)
+    slices = reference_slices(layout)
+    assert rel_diff(on_ranks(layout, batches), one_process(layout, batches, slices),
+                    statistics=slices == layout.slices) <= TOLERANCE
+
+
+# -- the weights exchange every k steps: replicas apart, averaged by hand ------------------------------------
+
+def _apart(layout: Layout, batches) -> dict:
+    """R one-process replicas, each on its own share, their weights, velocities and statistics averaged
+    (torch, by hand) after every `every` steps, and at the end (as a checkpoint does)."""
+    one = Layout(batch=layout.batch, arch=layout.arch, momentum=layout.momentum)
+    replicas = [Replica(one.config(), DistInfo(), CLASSES) for _ in range(layout.replicas)]
+    b = layout.batch
+
+    def average():
+        tensors = [[*(p.data for p in r.model.parameters()), *r.optimizer.velocities(),
+                    *(t for t in r.model.buffers() if t.is_floating_point())] for r in replicas]
+        for group in zip(*tensors):
+            mean = torch.stack(group).mean(0)
+            for t in group:
+                t.copy_(mean)
+    for step, (x, y) in enumerate(batches, 1):
+        for r, replica in enumerate(replicas):
+            replica.step(x[r * b:(r + 1) * b], y[r * b:(r + 1) * b], step, NO_AUTOCAST)
+        if step % layout.every == 0 or step == len(batches):
+            average()
+    return _state(replicas[0])
+
+
+@pytest.mark.parametrize("replicas, every, steps, arch", [(2, 3, 7, "alexnet"), (3, 2, 5, "alexnet_bn"),
+                                                         (2, 1, 3, "caffenet")])
+def test_weights_exchange_every_k_steps_averages_replicas_trained_apart(replicas, every, steps, arch):
+    layout = Layout(replicas=replicas, exchange="weights", every=every, arch=arch)
+    batches = global_batches(layout, steps)
+    assert rel_diff(on_ranks(layout, batches), _apart(layout, batches)) <= TOLERANCE
+
+
+def test_replicas_between_exchanges_differ_and_hold_each_their_own():
+    """Before the first exchange (every 3 steps), each replica holds what it trained alone: the exchange
+    did not average early (on one step of 2 replicas, rank 1's weights are its own one-process run's)."""
+    layout = Layout(replicas=2, exchange="weights", every=3)
+    batches = global_batches(layout, 1)
+    cfg = layout.config()
+
+    def member(info):
+        replica = Replica(cfg, info, CLASSES)
+        r, b = info.rank, layout.batch
+        replica.step(batches[0][0][r * b:(r + 1) * b], batches[0][1][r * b:(r + 1) * b], 1, NO_AUTOCAST)
+        return {k: v.clone() for k, v in replica.model.state_dict().items()}
+    got = run_ranks(2, member, 1, cfg)
+    alone = Replica(Layout(batch=layout.batch).config(), DistInfo(), CLASSES)
+    alone.step(batches[0][0][4:8], batches[0][1][4:8], 1, NO_AUTOCAST)
+    for key, want in alone.model.state_dict().items():
+        assert torch.equal(got[1][key], want), key
+    assert not torch.equal(got[0]["features.conv1.weight"], got[1]["features.conv1.weight"])
+
+
+# -- sharded layers: the single-device function, with uneven evaluation rows --------------------------------
+
+PART_CASES = [("columns", "alexnet", 2), ("columns", "caffenet", 2), ("columns", "alexnet_bn", 2), ("fc", "alexnet", 2),
+              ("fc", "caffenet", 4), ("fc", "owt", 4)]
+
+
+@settings(max_examples=20, deadline=None)
+@given(case=st.sampled_from(PART_CASES), rows=st.lists(st.integers(0, 3), min_size=4, max_size=4),
+       batch=st.integers(1, 3))
+def test_parts_compute_the_single_device_function(case, rows, batch):
+    """Each member's logits and gradients (its loss 1/M of its rows' mean, replicated layers summed over
+    the group) against the single-device model on all images; then evaluation with members holding
+    different numbers of rows, some none (fc), against the single-device model on their concatenation."""
+    mode, arch, world = case
+    rows = rows[:world] if mode == "fc" else [sum(rows)] * world
+    assume(sum(rows) > 0)
+    crop = CROP[arch]
+    images = batch * (world if mode == "fc" else 1)
+    g = torch.Generator().manual_seed(sum(rows) + 10 * batch)
+    x_all = torch.randn(max(images, sum(rows)), 3, crop, crop, generator=g)
+    y_all = torch.randint(0, 4, (images,), generator=g)
+
+    def member(comm):
+        rank = comm.rank
+        torch.manual_seed(0)
+        net = build_sharded(arch, 4, 0.125, 0.0, crop, "torch", "inverted", mode, comm)
+        x, y = (x_all[rank * batch:(rank + 1) * batch], y_all[rank * batch:(rank + 1) * batch]) if mode == "fc" \
+            else (x_all[:images], y_all)
+        logits = net(x)
+        (F.cross_entropy(logits, y) / world).backward()
+        net.sync_model_group()
+        net.eval()
+        with torch.no_grad():
+            start = sum(rows[:rank]) if mode == "fc" else 0
+            eval_logits = net(x_all[start:start + rows[rank]])
+        return {k: p.grad for k, p in net.named_parameters()}, logits.detach(), eval_logits, net
+
+    from layers.sim import SimWorld
+    sim = SimWorld(world)
+    got = sim.run(lambda rank: member(sim.comm(rank)))
+    torch.manual_seed(0)
+    ref = build_model(arch, 4, 0.125, 0.0, crop, "torch")
+    ref_logits = ref(x_all[:images])
+    F.cross_entropy(ref_logits, y_all).backward()
+    grads = got[0][3].assemble([g[0] for g in got])
+    logits = torch.cat([g[1] for g in got]) if mode == "fc" else got[0][1]
+    rel = lambda a, b: float((a - b).norm() / b.norm())  # noqa: E731
+    assert logits.shape == ref_logits.shape and rel(logits, ref_logits.detach()) <= TOLERANCE
+    for k, p in ref.named_parameters():
+        assert grads[k].shape == p.grad.shape and rel(grads[k], p.grad) <= TOLERANCE, k
+    ref.eval()
+    with torch.no_grad():
+        want = ref(x_all[:sum(rows)] if mode == "fc" else x_all[:rows[0]])
+    uneven = torch.cat([g[2] for g in got]) if mode == "fc" else got[0][2]
+    assert uneven.shape == want.shape and rel(uneven, want) <= TOLERANCE
+
+
+# -- batch norm's statistics: per replica in training, averaged before validation and checkpoints ------------
+
+def test_batch_norm_statistics_are_each_replicas_own_until_averaged():
+    """Gradients mode, 2 replicas of alexnet_bn: after a step each holds the running statistics of its own
+    images (a one-process run on its share: computed apart here), and average_statistics leaves both with
+    their mean, by hand."""
+    layout = Layout(replicas=2, arch="alexnet_bn")
+    x, y = global_batches(layout, 1)[0]
+    cfg = layout.config()
+
+    def member(info):
+        replica = Replica(cfg, info, CLASSES)
+        r, b = info.rank, layout.batch
+        replica.step(x[r * b:(r + 1) * b], y[r * b:(r + 1) * b], 1, NO_AUTOCAST)
+        own = {k: v.clone() for k, v in replica.model.named_buffers() if v.is_floating_point()}
+        replica.average_statistics()
+        return own, {k: v.clone() for k, v in replica.model.named_buffers() if v.is_floating_point()}
+    got = run_ranks(2, member, 1, cfg)
+    for r in range(2):
+        alone = Replica(Layout(batch=layout.batch, arch="alexnet_bn").config(), DistInfo(), CLASSES)
+        alone.step(x[r * 4:(r + 1) * 4], y[r * 4:(r + 1) * 4], 1, NO_AUTOCAST)
+        for k, v in alone.model.named_buffers():
+            if v.is_floating_point():
+                torch.testing.assert_close(got[r][0][k], v, rtol=1e-5, atol=1e-6)
+    for k in got[0][0]:
+        mean = (got[0][0][k] + got[1][0][k]) / 2
+        assert not torch.equal(got[0][0][k], got[1][0][k]), k
+        for r in range(2):
+            torch.testing.assert_close(got[r][1][k], mean, rtol=1e-6, atol=1e-7)
+
+
+def test_fc_batch_norm_statistics_are_averaged_over_the_model_group():
+    """fc M=2 with alexnet_bn: the convs (and their statistics) are data parallel inside the model group;
+    average_statistics gives both members the mean of the two, replicated statistics only."""
+    layout = Layout(model_size=2, arch="alexnet_bn")
+    x, y = global_batches(layout, 1)[0]
+    cfg = layout.config()
+
+    def member(info):
+        replica = Replica(cfg, info, CLASSES)
+        r, b = info.rank, layout.batch
+        replica.step(x[r * b:(r + 1) * b], y[r * b:(r + 1) * b], 1, NO_AUTOCAST)
+        own = {k: v.clone() for k, v in replica.model.named_buffers() if v.is_floating_point()}
+        replica.average_statistics()
+        return own, {k: v.clone() for k, v in replica.model.named_buffers() if v.is_floating_point()}
+    got = run_ranks(2, member, 2, cfg)
+    assert got[0][0]
+    for k in got[0][0]:
+        mean = (got[0][0][k] + got[1][0][k]) / 2
+        for r in range(2):
+            torch.testing.assert_close(got[r][1][k], mean, rtol=1e-6, atol=1e-7)
+
+
+# -- what the layouts refuse -----------------------------------------------------------------------------
+
+def test_lars_with_the_weights_exchange_over_replicas_is_refused_where_the_world_decides():
+    """Under torchrun parallel.replicas is ignored: Replica itself refuses an adaptive optimizer with the
+    weights exchange once the world has more than one replica (each would adapt to its own gradient)."""
+    cfg = Layout(optimizer="lars", exchange="weights").config()
+
+    def member(info):
+        with pytest.raises(ConfigError, match="adapt each of the 2 replicas to its own gradient"):
+            Replica(cfg, info, CLASSES)
+        return True
+    assert run_ranks(2, member, 1, cfg) == [True, True]

@@ -83,7 +83,7 @@ clean-demo:
 # ignored) every time. Prints the per-module table and every mutant not killed; docs/MUTANTS.md has the
 # measured time on 2 cores and why each survivor is equivalent or left. One module: MUTATE='data.reader.*'.
 MUTATE ?= alexnet.optim.* alexnet.metrics.* alexnet.rundir.* alexnet.config.* data.augment.* data.reader.* \
-	alexnet.checkpoint.x*CheckpointDir* alexnet.checkpoint.x_*link_atomic* $(MUTATE_SINCE_ROUND_4)
+	alexnet.checkpoint.x*CheckpointDir* alexnet.checkpoint.x_*link_atomic* $(MUTATE_SINCE_ROUND_4) $(MUTATE_PARALLEL)
 # Added by issue 28: the label readers, the archive index, geometry, the caffemodel wire reader, and by name
 # the class subsets (data.sources), evaluation's metrics and confusions, the report's tables.
 MUTATE_SINCE_ROUND_4 = data.devkit.* data.val_labels.* data.classnames.* data.archives.* data.geometry.* \
@@ -96,6 +96,20 @@ MUTATE_SINCE_ROUND_4 = data.devkit.* data.val_labels.* data.classnames.* data.ar
 	alexnet.figures.report.x__table* alexnet.figures.report.x__checkpoint_table* \
 	alexnet.figures.report.x__class_table* alexnet.figures.report.x__confusion_table* \
 	alexnet.figures.report.x__pct* alexnet.figures.report.x__e__*
+# Added by issue 32: the parallel code, tested on the rank simulator: all of replica, exchange (but its CUDA
+# lines and DDP, marked no mutate), large_batch and model_parallel; of layers/collectives the Comm interface,
+# the gathers and their helpers (not TorchComm: real processes); the pure parts of distributed (the mesh,
+# placement, transports, devices, the attempt's store namespace, the group of one, the rank-0 helpers) and
+# of launch (the heartbeat, the launcher's judgement; not its start of processes).
+MUTATE_PARALLEL = alexnet.replica.* alexnet.exchange.* alexnet.large_batch.* alexnet.model_parallel.* \
+	layers.collectives.x_* layers.collectives.x?Comm?* layers.collectives.x?_Gather?* \
+	alexnet.distributed.x_mesh_ranks* alexnet.distributed.x_own_group* alexnet.distributed.x_resolve_transport* \
+	alexnet.distributed.x?Placement?* alexnet.distributed.x?DistInfo?* alexnet.distributed.x_replica_device_name* \
+	alexnet.distributed.x_device_for* alexnet.distributed.x_exchange_placement* alexnet.distributed.x_attempt_store* \
+	alexnet.distributed.x__first_line* alexnet.distributed.x__ranks* alexnet.distributed.x_print0* \
+	alexnet.distributed.x_slow_barrier* alexnet.distributed.x_alone* \
+	alexnet.launch.x?Heartbeat?* alexnet.launch.x_report_gave_up* alexnet.launch.x__how* \
+	alexnet.launch.x?Launcher?_[!_]*
 MUTMUT = $(PYTHON) -c 'from mutmut.__main__ import cli; cli()'
 mutants: setup
 	$(PYTHON) -m pip install -q -r requirements-dev.txt

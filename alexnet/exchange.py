@@ -126,7 +126,7 @@ class IpcAverage:
     def __init__(self, numel: int, device: torch.device, peers: Comm, dtype: torch.dtype = torch.float32):
         self.info, self.device, self.dtype = peers, device, dtype
         self.turn = 0
-        if device.type == "cuda":
+        if device.type == "cuda":  # pragma: no mutate block (CUDA only: make gpu-check)
             own = [torch.empty(numel, device=device, dtype=dtype) for _ in range(2)]
             self.packed = [torch.cuda.Event(interprocess=True) for _ in range(2)]
             self.consumed = [torch.cuda.Event(interprocess=True) for _ in range(2)]
@@ -135,7 +135,7 @@ class IpcAverage:
             self.buffers = self._share_cpu(numel)
         self.acc = torch.empty(numel, device=device, dtype=dtype)
 
-    def _share_cuda(self, own: list[torch.Tensor]):
+    def _share_cuda(self, own: list[torch.Tensor]):  # pragma: no mutate block (CUDA only: make gpu-check)
         """Every peer's two buffers and events, rebuilt here from CUDA IPC handles (ours used as they are)."""
         from torch.multiprocessing.reductions import reduce_tensor
         mine = ([reduce_tensor(b) for b in own], [e.ipc_handle() for e in self.packed],
@@ -174,17 +174,17 @@ class IpcAverage:
 
     def average(self, tensors: list[torch.Tensor]) -> None:
         t, cuda = self.turn, self.device.type == "cuda"
-        stream = torch.cuda.current_stream(self.device) if cuda else None
-        if cuda:  # peers may still be reading this buffer from two exchanges ago
+        stream = torch.cuda.current_stream(self.device) if cuda else None  # pragma: no mutate (CUDA only)
+        if cuda:  # pragma: no mutate block (CUDA only) - peers may still be reading this buffer from two exchanges ago
             for r in self._others():
                 stream.wait_event(self.peer_consumed[r][t])
         pack(tensors, self.buffers[self.info.rank][t])
-        if cuda:
+        if cuda:  # pragma: no mutate block (CUDA only)
             self.packed[t].record(stream)
         # After this barrier every peer has written (CPU) or recorded the writing of (CUDA) its buffer of
         # this turn; the other turn's buffers may still be read by slower peers, hence two per replica.
         self.info.barrier()
-        if cuda:
+        if cuda:  # pragma: no mutate block (CUDA only)
             for r in self._others():
                 stream.wait_event(self.peer_packed[r][t])
         for r in range(self.info.size):  # rank order on every replica: bit-identical sums
@@ -192,7 +192,7 @@ class IpcAverage:
                 self.acc.copy_(self.buffers[r][t])
             else:
                 self.acc.add_(self.buffers[r][t])
-        if cuda:
+        if cuda:  # pragma: no mutate block (CUDA only)
             self.consumed[t].record(stream)
         self.acc.div_(self.info.size)
         unpack(self.acc, tensors)
@@ -264,6 +264,8 @@ def wrap_gradients(model: nn.Module, device: torch.device, bucket_mb: float, com
     """
     if comm is not None and not isinstance(comm, TorchComm):
         return AveragedGradients(model, comm)
+    # pragma: no mutate start (DDP needs real processes: tests/test_parallel_math.py's gloo layouts,
+    # tests/test_model_parallel.py's buckets, the hand-made mutants of tools/mutants)
     from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
     from torch.nn.parallel import DistributedDataParallel as DDP
     ids = [device.index] if device.type == "cuda" else None
@@ -286,6 +288,7 @@ def wrap_gradients(model: nn.Module, device: torch.device, bucket_mb: float, com
         return allreduce_hook(group, bucket)  # the group is the hook's state: without it, the whole world
     ddp.register_comm_hook(comm.group, hook)
     return ddp
+    # pragma: no mutate end
 
 
 class AveragedGradients(nn.Module):

@@ -54,8 +54,11 @@ class Heartbeat:
     def __init__(self, rank: int, live: bool = True):
         fd = os.environ.get(ENV_HEARTBEAT)
         self.fd, self.rank, self.count = (int(fd) if fd else None), rank, 0
+        self._stopped = threading.Event()
+        self._thread = None
         if self.fd is not None and live:
-            threading.Thread(target=self._live, name="heartbeat", daemon=True).start()
+            self._thread = threading.Thread(target=self._live, name="heartbeat", daemon=True)
+            self._thread.start()
 
     def arrive(self) -> None:
         """Call right before a collective operation."""
@@ -73,9 +76,15 @@ class Heartbeat:
             os.write(self.fd, _RECORD.pack(self.rank, self.count, kind))
 
     def _live(self) -> None:
-        while True:
-            time.sleep(LIVE_EVERY)
+        while not self._stopped.wait(LIVE_EVERY):
             self._send(_ALIVE)
+
+    def stop(self) -> None:
+        """No more "alive" records (the thread ends): before the descriptor is closed, since a thread writing
+        to a closed descriptor writes into whatever file gets its number next."""
+        self._stopped.set()
+        if self._thread is not None:
+            self._thread.join()
 
 
 def report_gave_up(rank: int) -> None:

@@ -19,7 +19,11 @@ consumer that stops early sends ``("stop", job)`` and returns what it holds.
 Lifecycle: the loader dies with its trainer (pipe EOF, and the kernel's parent-death signal for a
 process); a loader that dies or hangs makes the trainer raise :class:`LoaderError` naming it, while
 bad data it meets (a ``BatchFileError`` or ``DataError``) is raised again in the trainer as itself;
-Ctrl-C is left to the trainer, which checkpoints and then closes the loader.
+Ctrl-C, SIGTERM and SIGHUP are left to the trainer, which checkpoints and then closes the loader.
+
+A loader process is spawned for a GPU (CUDA cannot be forked) and forked on the CPU, where a spawned one
+would spend its first one to two seconds of CPU importing torch again (every run and every replica);
+``start="spawn"`` gives the CPU the GPU's way, for its CPU twin.
 """
 from __future__ import annotations
 
@@ -154,9 +158,11 @@ def worker_main(spec: LoaderSpec, slots: Slots, free_events, conn, in_process: b
     """
     try:
         if in_process:
-            # Ctrl-C and SIGTERM are the trainer's to handle: it checkpoints, then closes the loader.
-            signal.signal(signal.SIGINT, signal.SIG_IGN)
-            signal.signal(signal.SIGTERM, signal.SIG_IGN)
+            # Ctrl-C, SIGTERM and SIGHUP (a terminal's signals reach its whole process group) are the
+            # trainer's to handle: it checkpoints, then closes the loader. A forked loader would otherwise
+            # run the trainer's own handlers.
+            for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+                signal.signal(sig, signal.SIG_IGN)
             die_with_parent()
             torch.set_num_threads(1)
         device = torch.device(spec.device)
@@ -193,7 +199,8 @@ def _bad_data(path: str | None, text: str) -> BatchFileError | DataError:
 class SlotLoader:
     """``data.loading: process | thread``: batches arrive in shared slots, prepared concurrently."""
 
-    def __init__(self, spec: LoaderSpec, mode: str = "process", k: int = 3, timeout: float = 300.0):
+    def __init__(self, spec: LoaderSpec, mode: str = "process", k: int = 3, timeout: float = 300.0,
+                 start: str | None = None):
         if mode not in ("process", "thread"):
             raise ValueError(f"data.loading must be process or thread here, got {mode!r}")
         if k < 2:
@@ -212,7 +219,9 @@ class SlotLoader:
         self.loader_stream = None  # a loader thread's stream (a process's own is out of reach)
         self.job, self._closed = 0, False
         if mode == "process":
-            ctx = mp.get_context("spawn")
+            ctx = mp.get_context(start or ("spawn" if self.device.type == "cuda" else "fork"))
+            sys.stdout.flush()  # a forked child would write out what the parent still buffers a second time
+            sys.stderr.flush()
             self.conn, child = ctx.Pipe()
             self.worker = ctx.Process(target=worker_main, args=(spec, self.slots, self.free_events, child),
                                       name=f"alexnet-loader-{spec.rank}", daemon=True)
@@ -266,11 +275,26 @@ class SlotLoader:
         return msg
 
     def _send(self, msg: tuple) -> None:
-        """A message to the loader; a loader that is gone is a LoaderError naming it, not a BrokenPipe."""
+        """A message to the loader; a loader that is gone is a LoaderError naming it, not a BrokenPipe,
+        unless it said why before it went (bad data, its own error): then that is raised."""
         try:
             self.conn.send(msg)
         except OSError:
+            self._last_words()
             raise LoaderError(f"{self._death()} (while sending it {msg[0]!r})") from None
+
+    def _last_words(self) -> None:
+        """Raise what a loader that has gone sent last, if it was bad data or its error (messages the
+        trainer had not read yet when it found the pipe closed)."""
+        said = []
+        with contextlib.suppress(EOFError, OSError):
+            while self.conn.poll():
+                said.append(self.conn.recv())
+        for msg in said:  # raised outside the suppression: a BatchFileError is an OSError
+            if msg[0] == "error":
+                raise LoaderError(f"the {self.name} failed:\n{msg[1]}")
+            if msg[0] == "bad_data":
+                raise _bad_data(*msg[1:])
 
     def batches(self, split: str, epoch: int, start: int = 0) -> Iterator[Batch]:
         """Batches of `split` from step `start`; the loader works ahead into free slots."""

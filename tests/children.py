@@ -176,7 +176,8 @@ class Watch:
     def log(self) -> None:
         if path := os.environ.get("ALEXNET_CHILD_LOG"):
             with open(path, "a") as f:
-                f.write(json.dumps({"cmd": self.name[:200], "cpu": round(self.used, 2),
+                f.write(json.dumps({"test": os.environ.get("PYTEST_CURRENT_TEST", ""), "cmd": self.name[:200],
+                                    "cpu": round(self.used, 2),
                                     "wall": round(time.monotonic() - self.began, 2), "cpu_s": self.cpu_s}) + "\n")
 
 

@@ -46,3 +46,30 @@ def _member(rank: int, size: int, port: int, out: str, fn, args: tuple) -> None:
     # Freeing a gloo group right after its last collective can deadlock (the group's worker thread waits
     # for the GIL to free the finished work while the freeing thread holds it): end without freeing.
     os._exit(0)
+
+
+def mesh(backend: str, cfg, fn) -> list:
+    """``fn(info)`` on every rank of cfg's R x M mesh (parallel.replicas x parallel.model_size), each rank's
+    DistInfo made as a process's is: ``"sim"`` by alexnet.simulate, ``"gloo"`` by alexnet.distributed.setup
+    itself in spawned processes (the environment torchrun sets, this host, the CPU)."""
+    size = cfg.parallel.replicas * cfg.parallel.model_size
+    if backend == "sim":
+        from alexnet.simulate import run_ranks
+        return run_ranks(size, fn, cfg.parallel.model_size, cfg)
+    import torch.multiprocessing as mp
+
+    from alexnet.launch import free_port
+    with tempfile.TemporaryDirectory() as out:
+        mp.start_processes(_mesh_member, args=(size, free_port(), out, cfg, fn), nprocs=size, start_method="spawn")
+        return [torch.load(Path(out) / f"rank{r}.pt", weights_only=True) for r in range(size)]
+
+
+def _mesh_member(rank: int, size: int, port: int, out: str, cfg, fn) -> None:
+    from alexnet.distributed import setup, teardown
+    os.environ.update(RANK=str(rank), WORLD_SIZE=str(size), LOCAL_RANK=str(rank), LOCAL_WORLD_SIZE=str(size),
+                      MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    torch.set_num_threads(1)
+    info = setup(cfg)
+    torch.save(fn(info), Path(out) / f"rank{rank}.pt")
+    teardown(info)
+    os._exit(0)  # as _member

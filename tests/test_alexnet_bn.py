@@ -8,25 +8,21 @@ import contextlib
 import io
 import json
 import math
-import os
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
-import torch.distributed as dist
-import torch.multiprocessing as mp
 import torch.nn.functional as F
 from torch import nn
 
 import train
-from alexnet.checkpoint import compare_checkpoints, load
-from alexnet.launch import free_port
+from alexnet.checkpoint import load
 from alexnet.metrics import read_metrics, without_wall_clock
 from alexnet.models import build_model, count_params, feature_side, min_crop
 from layers import Comm, MaxPool, TorchComm
+from tests import ranks
 from tests.conftest import load_script, signal_handlers_kept, tiny_overrides
-from tests.test_parallel import train as train_run
 
 BN = {"model.arch": "alexnet_bn"}
 CROP, CLASSES, WIDTH = 67, 4, 0.125
@@ -235,9 +231,7 @@ def _columns(comm: Comm, out: str) -> None:
 
 def _gathered(net, comm: Comm, mine: dict) -> dict:
     """The single-device dict assembled from every column's dict (as a checkpoint is)."""
-    pieces = [None] * comm.size
-    dist.all_gather_object(pieces, {k: v.detach().clone() for k, v in mine.items()}, group=comm.group)
-    return net.assemble(pieces)
+    return net.assemble(comm.all_gather_object({k: v.detach().clone() for k, v in mine.items()}))
 
 
 def _ddp(comm: Comm, out: str) -> None:
@@ -251,6 +245,7 @@ def _ddp(comm: Comm, out: str) -> None:
     for step in range(3):
         x, y = _replica_batch(comm.rank, step)
         F.cross_entropy(ddp(x), y).backward()
+        getattr(ddp, "sync", lambda: None)()  # the simulator's mean after backward (DDP's is during it)
         opt.step()
         opt.zero_grad()
     own = {k: v.clone() for k, v in model.state_dict().items()}
@@ -276,16 +271,17 @@ def _replica_batch(rank: int, step: int) -> tuple[torch.Tensor, torch.Tensor]:
     return torch.randn(3, 3, CROP, CROP, generator=g), torch.randint(0, CLASSES, (3,), generator=g)
 
 
-def _exchange(rank: int, transport: str, out: str) -> None:
+def _exchange(comm: Comm, transport: str, out: str) -> None:
     """The weights exchange after one step of each replica on its own images."""
     from alexnet.config import TrainConfig
     from alexnet.exchange import WeightExchange
     from alexnet.optim import build_optimizer
     from alexnet.replica import sgd_step
+    rank = comm.rank
     torch.manual_seed(0)
     model = build_model("alexnet_bn", CLASSES, WIDTH, 0.0, CROP, "torch")
     opt = build_optimizer(model, TrainConfig(lr=0.01))
-    exchange = WeightExchange(model, opt, TorchComm(dist.group.WORLD, None, rank, (0, 1)), transport)
+    exchange = WeightExchange(model, opt, comm, transport)
     sgd_step(model, opt, *_replica_batch(rank, 0), lambda: torch.autocast("cpu", enabled=False))
     before = {k: v.clone() for k, v in model.state_dict().items()}
     exchange.after_step(1)
@@ -293,24 +289,21 @@ def _exchange(rank: int, transport: str, out: str) -> None:
     torch.save({"before": before, "after": model.state_dict()}, f"{out}/exchange-{transport}-rank{rank}.pt")
 
 
-def _member(rank: int, port: int, out: str) -> None:
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", rank=rank, world_size=2)
-    comm = TorchComm(dist.group.WORLD, None, rank, (0, 1))
+def _member(comm: Comm, out: str) -> None:
     _columns(comm, out)
     _ddp(comm, out)
     _fc(comm, out)
-    for transport in ("gloo", "ipc"):
-        _exchange(rank, transport, out)
-    dist.destroy_process_group()
+    for transport in ("gloo", "ipc"):  # the weights exchange's all-reduce, and its shared-memory buffers
+        _exchange(comm, transport, out)
 
 
 @pytest.fixture(scope="module")
 def members(tmp_path_factory) -> Path:
-    """The folder of what the 2 processes of `_member` saved (one start-up for every check)."""
+    """The folder of what the 2 members of `_member` saved, on the rank simulator (tests/ranks.py; the same
+    statistics on 4 real processes with DDP over gloo: tests/test_parallel_math.py's
+    test_a_layout_on_the_simulator_and_on_gloo)."""
     out = tmp_path_factory.mktemp("bn_members")
-    mp.start_processes(_member, args=(free_port(), str(out)), nprocs=2, start_method="spawn")
+    ranks.members("sim", 2, _member, str(out))
     return out
 
 
@@ -451,54 +444,6 @@ def test_resume_is_exact_and_evaluate_uses_the_running_statistics(train_data, tm
     val = [r for r in a if r["split"] == "val"][-1]
     record = _evaluate(train_data, straight / "checkpoints" / "last.pt", tmp_path / "eval.json")
     assert record["n"] == val["n"] and abs(record["loss"] - val["loss"]) <= 1e-5 * abs(val["loss"])
-
-
-# One epoch (6 steps): batch norm magnifies rounding here. A single process in channels_last (another
-# summation order, the same function) ends 12 steps 1.3e-4 (weights) and 1.5e-2 (velocities) away from
-# its contiguous run on this data, and alexnet 6e-8 (measured once); after 6 steps both are below 1e-5.
-ONE_EPOCH = {**BN, "train.epochs": 1}
-
-
-def test_columns_train_like_one_process(train_data, tmp_path):
-    """columns M=2 through train.py (randomness off) == one process: weights, velocities and the running
-    statistics that the checkpoint assembles from the two columns."""
-    one, cols = tmp_path / "one", tmp_path / "columns"
-    train_run(train_data, one, **ONE_EPOCH, **{"train.batch_size": 8})
-    train_run(train_data, cols, **ONE_EPOCH, **{"train.batch_size": 8, "parallel.model": "columns",
-                                                "parallel.model_size": 2}, cpu_s=420)
-    c = compare_checkpoints(cols / "checkpoints" / "last.pt", one / "checkpoints" / "last.pt")
-    assert max(c["weights"], c["velocities"]) <= 1e-5  # "weights" covers every state-dict entry, statistics too
-    state = load(cols / "checkpoints" / "last.pt")["model"]
-    assert state["features.bn3.running_mean"].shape == (32,)  # both columns' 16 channels, assembled
-
-
-TWO_REPLICAS = {**ONE_EPOCH, "train.batch_size": 4, "parallel.replicas": 2, "parallel.exchange": "gradients"}
-
-
-def test_two_replicas_validate_and_checkpoint_the_averaged_statistics(train_data, tmp_path):
-    """Gradients mode, 2 replicas of 4 images: each normalises its own images, so the weights follow one
-    process whose batch of 8 runs as 2 slices of 4 (each slice its own batch statistics). The running
-    statistics are averaged before validation, so evaluate.py on the checkpoint gives the validation
-    record although each replica validated its own shard; and before a mid-epoch checkpoint: they are
-    moving averages, linear in the batch statistics, so a run stopped there and resumed ends with the
-    uninterrupted run's (rank 0's statistics in the checkpoint would not)."""
-    one, two, stopped = tmp_path / "one", tmp_path / "two", tmp_path / "stopped"
-    train_run(train_data, one, **ONE_EPOCH, **{"train.batch_size": 8, "train.slices": 2})
-    train_run(train_data, two, **TWO_REPLICAS)
-    c = compare_checkpoints(two / "checkpoints" / "last.pt", one / "checkpoints" / "last.pt")
-    assert c["velocities"] <= 1e-5
-    state, ref = load(two / "checkpoints" / "last.pt")["model"], load(one / "checkpoints" / "last.pt")["model"]
-    assert all(_rel(state[k], ref[k]) <= 1e-5 for k, p in ref.items() if p.is_floating_point() and "running" not in k)
-    # a count of forward passes: one per step on a replica, one per slice in the reference
-    assert state["features.bn2.num_batches_tracked"] == 6 and ref["features.bn2.num_batches_tracked"] == 12
-    want = next(r for r in read_metrics(two / "metrics.jsonl") if r["split"] == "val")
-    record = _evaluate(train_data, two / "checkpoints" / "last.pt", tmp_path / "eval.json")
-    # 2e-8 apart when measured; validating with each replica's own statistics: 6.5e-6
-    assert record["n"] == want["n"] and abs(record["loss"] - want["loss"]) <= 1e-6 * abs(want["loss"])
-    train_run(train_data, stopped, **TWO_REPLICAS, **{"train.max_steps": 3})
-    train_run(train_data, stopped, **TWO_REPLICAS)
-    resumed = load(stopped / "checkpoints" / "last.pt")["model"]
-    assert all(_rel(resumed[k], state[k]) <= 1e-5 for k, p in state.items() if p.is_floating_point())
 
 
 # -- weight formats that cannot hold batch norm -------------------------------------------------------------

@@ -66,6 +66,7 @@ def test_a_rank_gives_up_on_a_rank_0_that_never_answers():
         attempt_store(dist.HashStore(), 1, 2, timeout=0.5)
 
 
+@pytest.mark.processes
 def test_a_start_up_that_hangs_ends_with_one_line():
     """A join stuck past its limit (as gloo's connect to a vanished peer was seen to be) ends the process."""
     code = ("import time\nfrom alexnet import distributed\n"
@@ -102,6 +103,7 @@ def _leaver(rank: int, port: int, out: str, together: bool) -> None:
     os._exit(0)
 
 
+@pytest.mark.processes
 def test_the_store_host_leaves_last(tmp_path, together=True):
     """With together=False (each member destroys its group and goes, as the suite's fixtures did) ranks 1
     and 2 fail in new_group every time: seen, and kept out of the suite for its time."""

@@ -36,10 +36,16 @@ def collect(loader, split, epoch, start=0):
 
 
 @pytest.mark.parametrize("device", DEVICES)
-@pytest.mark.parametrize("mode", ["thread", "process"])
+@pytest.mark.parametrize("mode", ["thread", "process", "process, spawned"])
 def test_same_batches_as_inline(train_data, mode, device):
+    """A loader process is forked on the CPU and spawned for a GPU (CUDA cannot fork); spawned on the CPU too,
+    it is the GPU's way of starting, the CPU twin of it."""
     spec = spec_for(train_data, channels_last=mode == "thread", device=device)
-    inline, slot = InlineLoader(spec), SlotLoader(spec, mode, k=2)
+    spawned = mode.endswith("spawned")
+    inline, slot = InlineLoader(spec), SlotLoader(spec, mode.split(",")[0], k=2, start="spawn" if spawned else None)
+    if mode != "thread":
+        started = "spawn" if spawned or device.startswith("cuda") else "fork"
+        assert type(slot.worker).__name__ == {"spawn": "SpawnProcess", "fork": "ForkProcess"}[started]
     try:
         for split, epoch, start in (("train", 0, 0), ("val", 0, 0), ("train", 1, 2), ("train", 1, 0)):
             want, got = collect(inline, split, epoch, start), collect(slot, split, epoch, start)

@@ -1,4 +1,6 @@
-"""Data parallelism end to end on CPU: 2 replicas (gloo and ipc) against 1, slices, resume, faults, torchrun."""
+"""Data parallelism end to end on CPU, what only real processes show: 2 replicas through train.py's launcher
+(DDP over gloo, the shared-memory exchange) against 1, faults, torchrun on one and two nodes. The layouts'
+math and the trainer's use of it run on the rank simulator: tests/test_parallel_runs.py."""
 from __future__ import annotations
 
 import contextlib
@@ -63,11 +65,12 @@ def trained(train_data, tmp_path_factory):
     return get
 
 
+# Through train.py's launcher: DDP over gloo, and the weights exchange in shared memory. Every layout (these
+# two, the weights exchange via gloo, plain SGD, slices, resuming in other layouts, linear lr scaling,
+# exchange_every with checkpoints in between) trains on the rank simulator: tests/test_parallel_runs.py.
 @pytest.mark.parametrize("exchange, transport, momentum", [
     ("gradients", "gloo", 0.9),
     ("weights", "ipc", 0.9),
-    ("weights", "gloo", 0.9),
-    ("weights", "ipc", 0.0),
 ])
 def test_two_replicas_equal_one_with_twice_the_batch(trained, exchange, transport, momentum):
     ref, _ = trained(**{**ONE, "train.momentum": momentum})
@@ -79,56 +82,6 @@ def test_two_replicas_equal_one_with_twice_the_batch(trained, exchange, transpor
     assert [x["split"] for x in a] == [x["split"] for x in b]
     for x, y in zip(a, b):  # metrics reduced over replicas: the same counts as one replica
         assert x["iter"] == y["iter"] and abs(x["loss"] - y["loss"]) < 1e-4 and x.get("n") == y.get("n")
-
-
-def test_weights_mode_plain_sgd_equals_gradients_mode(trained):
-    grads, _ = trained(**TWO, **{"parallel.exchange": "gradients", "train.momentum": 0.0})
-    weights, _ = trained(**TWO, **{"parallel.exchange": "weights", "parallel.transport": "ipc",
-                                   "train.momentum": 0.0})
-    assert rel_diff(weights, grads) <= 1e-5
-
-
-# One run for two settings (a run costs ~15 s): lr 0.005 at a reference batch of 8 with a global batch of
-# 16 is 0.005 x 16 / 8 = 0.01, one process's lr; weights exchanged every 3 steps and a checkpoint after
-# every step, which averages the replicas when no exchange did, end every step averaged. Both together
-# must follow one process with twice the batch.
-SCALED_EVERY_3 = {**TWO, "parallel.exchange": "weights", "parallel.transport": "ipc", "train.momentum": 0.9,
-                  "train.lr": 0.005, "train.lr_scaling": "linear", "train.lr_ref_batch": 8,
-                  "parallel.exchange_every": 3, "run.save_every_steps": 1}
-
-
-def test_linear_lr_scaling_uses_the_global_batch(trained):
-    run, _ = trained(**SCALED_EVERY_3)
-    assert read_metrics(run / "metrics.jsonl")[0]["lr"] == pytest.approx(0.01, rel=1e-9)  # 0.005 x 16 / 8
-    assert rel_diff(run, trained(**ONE)[0]) <= 1e-5
-
-
-def test_exchange_every_3_with_a_checkpoint_every_step_equals_one_process(trained):
-    run, stdout = trained(**SCALED_EVERY_3)
-    assert "exchange weights via ipc every 3 steps" in stdout
-    assert rel_diff(run, trained(**ONE)[0]) <= 1e-5
-
-
-@pytest.mark.parametrize("replicas", [1, 2])
-def test_slices_equal_one_pass(trained, replicas):
-    run, _ = trained(**{"train.batch_size": 16 // replicas, "train.slices": 2, "parallel.replicas": replicas,
-                        "parallel.exchange": "gradients"})
-    assert rel_diff(run, trained(**ONE)[0]) <= 1e-5
-
-
-def test_checkpoint_resumes_into_one_replica_and_back(train_data, tmp_path):
-    """2 replicas for an epoch, 1 replica (same global batch) for the next, 2 again: as 3 epochs of 1 replica
-    with that batch (which 2 replicas follow: test_two_replicas_equal_one_with_twice_the_batch)."""
-    straight, hopped = tmp_path / "straight", tmp_path / "hopped"
-    two = {"train.batch_size": 8, "parallel.replicas": 2, "parallel.exchange": "gradients"}
-    train(train_data, straight, **{"train.batch_size": 16, "train.epochs": 3})
-    train(train_data, hopped, **two, **{"train.epochs": 1})
-    r = train(train_data, hopped, **{"train.batch_size": 16, "train.epochs": 2})
-    assert "resumed from" in r.stdout
-    r = train(train_data, hopped, **two, **{"train.epochs": 3})
-    assert "resumed from" in r.stdout
-    assert rel_diff(hopped, straight) <= 1e-5
-    assert load(hopped / "checkpoints" / "last.pt")["epoch"] == 3
 
 
 def test_mid_epoch_checkpoint_with_another_global_batch_is_refused(train_data, tmp_path, capsys):

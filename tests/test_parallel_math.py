@@ -13,6 +13,7 @@ a gradient or a trust ratio off by far less than a factor shows.
 from __future__ import annotations
 
 import contextlib
+import functools
 from dataclasses import dataclass
 
 import pytest
@@ -27,6 +28,8 @@ from alexnet.model_parallel import build_sharded
 from alexnet.models import build_model
 from alexnet.replica import Replica
 from alexnet.simulate import run_ranks
+from layers import TorchComm
+from tests.ranks import mesh
 
 CLASSES = 4
 TOLERANCE = 1e-6  # relative, in float64 (see the module docstring)
@@ -119,6 +122,50 @@ def on_ranks(layout: Layout, batches, nccl: bool = False, **changes) -> dict:
     return run_ranks(layout.world, member, layout.model_size, cfg, nccl=nccl)[0]
 
 
+@contextlib.contextmanager
+def _data_group_all_reduces(info: DistInfo, events: list):
+    """On real processes: every all-reduce of the data group (DDP's buckets) noted in `events` as (which
+    buffer, how many bytes)."""
+    import torch.distributed as dist
+    if not isinstance(info.data_peers, TorchComm):
+        yield
+        return
+    real = dist.all_reduce
+
+    def all_reduce(tensor, *args, group=None, **kwargs):
+        if group is info.data_peers.group:
+            events.append(["reduce", tensor.data_ptr(), tensor.numel() * tensor.element_size()])
+        return real(tensor, *args, group=group, **kwargs)
+    dist.all_reduce = all_reduce
+    try:
+        yield
+    finally:
+        dist.all_reduce = real
+
+
+def _mesh_member(info: DistInfo, cfg: Config, layout: Layout, steps: int) -> dict:
+    """on_ranks' rank, as a module-level function that spawned processes can import; also where each
+    step's gradients live and every data-group all-reduce of the step, in order with the last gradient of
+    the backward pass (the input's). The batches are made here (no tensor crosses to a spawned process)."""
+    torch.set_default_dtype(torch.float64)  # a spawned process starts with float32
+    batches = global_batches(layout, steps)
+    replica = Replica(cfg, info, CLASSES)
+    b, r = cfg.train.batch_size, replica.layout.reader_rank
+    events, steps = [], []
+    with _data_group_all_reduces(info, events):
+        for step, (x, y) in enumerate(batches, 1):
+            x = x[r * b:(r + 1) * b].clone().requires_grad_()
+            x.register_hook(lambda grad: events.append(["input grad"]))
+            events.clear()
+            replica.step(x, y[r * b:(r + 1) * b], step, NO_AUTOCAST)
+            steps.append({"events": list(events), "grads": {
+                k: [p.grad.data_ptr(), p.grad.numel() * p.grad.element_size()]
+                for k, p in replica.model.named_parameters()}})
+    replica.average_statistics()
+    local = {k: v.detach().clone() for k, v in replica.model.state_dict().items()}
+    return {"state": _state(replica), "local": local, "steps": steps}
+
+
 def one_process(layout: Layout, batches, slices: int | None = None) -> dict:
     """The same steps in one process with the whole global batch (`slices`: its micro-batches)."""
     one = Layout(batch=layout.batch * layout.readers, arch=layout.arch, optimizer=layout.optimizer,
@@ -130,6 +177,11 @@ def one_process(layout: Layout, batches, slices: int | None = None) -> dict:
 
 
 STATISTICS = ("running_mean", "running_var", "num_batches_tracked")
+
+
+def rel(a: torch.Tensor, b: torch.Tensor) -> float:
+    """||a - b|| / ||b||, in float64, with ||b|| at least FLOOR."""
+    return float((a.double() - b.double()).norm() / b.double().norm().clamp_min(FLOOR))
 
 
 def rel_diff(a: dict, b: dict, statistics: bool = True) -> float:
@@ -145,7 +197,7 @@ def rel_diff(a: dict, b: dict, statistics: bool = True) -> float:
         if not want.is_floating_point():
             assert torch.equal(a[key], want), key
             continue
-        worst = max(worst, float((a[key].double() - want.double()).norm() / want.double().norm().clamp_min(FLOOR)))
+        worst = max(worst, rel(a[key], want))
     return worst
 
 
@@ -223,6 +275,41 @@ def test_named_layouts_train_as_one_process(name):
     slices = reference_slices(layout)
     assert rel_diff(on_ranks(layout, batches), one_process(layout, batches, slices),
                     statistics=slices == layout.slices) <= TOLERANCE
+
+
+HYBRID = Layout(replicas=2, model_size=2, slices=2, batch=2, arch="alexnet_bn")  # fc R=2 x M=2, gradients
+
+
+@pytest.mark.parametrize("backend", ["sim", pytest.param("gloo", marks=pytest.mark.processes)])
+def test_a_layout_on_the_simulator_and_on_gloo(backend):
+    """The same case, fc R=2 x M=2 of alexnet_bn in gradients mode with 2 micro-batches, on the simulator and
+    on 4 real processes (alexnet.distributed.setup, gathers over gloo, DDP over each part's data group):
+    both give one process's result, so what the simulator checks is what runs. On gloo, DDP's buckets
+    too: each gradient is in exactly one data-group all-reduce per step, the first of which starts before
+    the backward pass ends (DDP's first step is one bucket; the second has those of bucket_mb)."""
+    cfg = HYBRID.config(**{"parallel.bucket_mb": 0.05})
+    batches = global_batches(HYBRID, 3)
+    got = mesh(backend, cfg, functools.partial(_mesh_member, cfg=cfg, layout=HYBRID, steps=3))
+    slices = reference_slices(HYBRID)
+    want = one_process(HYBRID, batches, slices)
+    assert rel_diff(got[0]["state"], want, statistics=False) <= TOLERANCE  # rank 0 assembles the checkpoint
+    for a, b in ((0, 2), (1, 3)):  # the same part in both model groups, trained on other images, kept equal
+        for key, value in got[a]["local"].items():
+            if not key.endswith(STATISTICS):
+                assert torch.equal(value, got[b]["local"][key]), key
+    if backend == "sim":
+        return
+    for rank, g in enumerate(got):
+        kinds = [e[0] for e in g["steps"][1]["events"]]
+        last_input_grad = len(kinds) - 1 - kinds[::-1].index("input grad")
+        assert "reduce" in kinds and kinds.index("reduce") < last_input_grad, (rank, kinds)  # during backward
+        assert kinds.count("reduce") > 2, (rank, kinds)
+        for step, s in enumerate(g["steps"], 1):
+            reduced = [e[1:] for e in s["events"] if e[0] == "reduce"]
+            for key, (ptr, size) in s["grads"].items():
+                covering = [b for b in reduced if b[0] <= ptr and ptr + size <= b[0] + b[1]]
+                assert len(covering) == 1, (rank, step, key, len(covering))
+            assert sum(b[1] for b in reduced) == sum(size for _, size in s["grads"].values()), (rank, step)
 
 
 # -- the weights exchange every k steps: replicas apart, averaged by hand ------------------------------------
@@ -323,7 +410,6 @@ def test_parts_compute_the_single_device_function(case, rows, batch):
     F.cross_entropy(ref_logits, y_all).backward()
     grads = got[0][3].assemble([g[0] for g in got])
     logits = torch.cat([g[1] for g in got]) if mode == "fc" else got[0][1]
-    rel = lambda a, b: float((a - b).norm() / b.norm())  # noqa: E731
     assert logits.shape == ref_logits.shape and rel(logits, ref_logits.detach()) <= TOLERANCE
     for k, p in ref.named_parameters():
         assert grads[k].shape == p.grad.shape and rel(grads[k], p.grad) <= TOLERANCE, k

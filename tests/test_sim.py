@@ -107,7 +107,7 @@ def _script_member(comm):
     return _play(comm, SCRIPT, 7)
 
 
-@pytest.mark.parametrize("backend", ["sim", "gloo"])
+@pytest.mark.parametrize("backend", ["sim", pytest.param("gloo", marks=pytest.mark.processes)])
 def test_one_script_on_the_simulator_and_on_gloo(backend):
     """The same collectives give the same results through torch.distributed's gloo as on the simulator
     (both against numpy by hand)."""

@@ -20,7 +20,7 @@ endif
 GPU_PYTHON ?= python3
 DEMO   ?= demo
 
-.PHONY: setup demo test test-gpu gpu-check gpu-bench lint clean-demo mutants
+.PHONY: setup demo test test-fast test-gpu gpu-check gpu-bench lint clean-demo mutants
 
 # The demo, the main job on generated data: 10 learnable classes, 100 train and 20 val images each,
 # plus the real set's file quirks (CMYK, grayscale, PNG named .JPEG, truncated, empty, stray files);
@@ -52,6 +52,12 @@ setup:
 test: setup
 	$(PYTHON) -m pip install -q -r requirements-test.txt
 	ALEXNET_ORACLES_REQUIRED=1 $(PYTHON) -m pytest -q
+
+# The edit loop's tier (<= 60 s on 2 cores): every test that starts no process and is not slow (pytest.ini's
+# markers); a test of this tier that starts a process fails, naming the mark it needs (tests/conftest.py).
+test-fast: setup
+	$(PYTHON) -m pip install -q -r requirements-test.txt
+	ALEXNET_FAST_TIER=1 $(PYTHON) -m pytest -q -m "not processes and not slow"
 
 # On a GPU machine with torch preinstalled: no install step, GPU-marked tests included.
 test-gpu:

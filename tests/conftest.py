@@ -97,6 +97,13 @@ def load_script(name: str, folder: str = "scripts"):
     return module
 
 
+def examples(n: int) -> int:
+    """How many examples a Hypothesis property draws: n in the suite; a fifth (at least 3) when mutmut runs
+    the test once per mutant (it sets MUTANT_UNDER_TEST), where the named cases beside each property carry
+    most of the load and the time goes into the number of mutants."""
+    return max(3, n // 5) if os.environ.get("MUTANT_UNDER_TEST") else n
+
+
 def tiny_overrides(data_root: Path, run_dir: Path, **extra) -> list[str]:
     """Dotted overrides for a seconds-long alexnet run on `train_data`."""
     base = {"data.root": str(data_root), "data.crop": 67, "model.width": 0.125, "model.init": "torch",
@@ -173,6 +180,30 @@ def _group_by_module_fixtures(items) -> None:
             item.add_marker(pytest.mark.xdist_group(":".join(root(key))))
 
 
+# `make test-fast` (ALEXNET_FAST_TIER=1, -m "not processes and not slow"): a test of that tier that starts a
+# process fails, naming the mark it needs, so the tier stays what it says by construction. Fixtures (the session's
+# preprocessed data) may start processes; a test's own call may not.
+FAST_TIER = "ALEXNET_FAST_TIER"
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_call(item):
+    if not os.environ.get(FAST_TIER) or item.get_closest_marker("processes") or item.get_closest_marker("slow"):
+        yield
+        return
+    import multiprocessing.process
+
+    def refuse(*args, **kwargs):
+        pytest.fail(f"{item.nodeid} starts a process: mark it @pytest.mark.processes (make test-fast leaves such "
+                    "tests out)", pytrace=False)
+    saved = subprocess.Popen.__init__, multiprocessing.process.BaseProcess.start
+    subprocess.Popen.__init__, multiprocessing.process.BaseProcess.start = refuse, refuse
+    try:
+        yield
+    finally:
+        subprocess.Popen.__init__, multiprocessing.process.BaseProcess.start = saved
+
+
 # Skips that mean "an oracle is missing" (an import, or OpenCV without its Caffe importer): `make test`
 # installs requirements-test.txt and sets ALEXNET_ORACLES_REQUIRED, and there such a skip fails the test, so
 # that CI never passes over the comparisons with OpenCV and TensorBoard.
@@ -191,10 +222,25 @@ def pytest_runtest_makereport(item, call):
                                "install requirements-test.txt (make test does)")
 
 
+def _fastest_first_for_a_mutant(items) -> None:
+    """Under mutmut (a mutant's run, `-x`: the first failure ends it), the tests of the mutated function run
+    fastest first, by the durations mutmut recorded, so that a mutant a quick test kills costs that test."""
+    import json
+    if os.environ.get("MUTANT_UNDER_TEST", "") in ("", "stats", "fail"):
+        return
+    try:
+        durations = json.loads(Path("mutmut-stats.json").read_text())["duration_by_test"]
+    except (OSError, ValueError, KeyError):
+        return
+    items.sort(key=lambda item: durations.get(item.nodeid, 0.0))
+
+
 @pytest.hookimpl(tryfirst=True)  # before xdist reads the groups
 def pytest_collection_modifyitems(config, items):
     """Tests marked `gpu` skip where CUDA is absent (CI); on a GPU machine run them with -m gpu.
-    Under xdist, the longest files first (a stable sort: each file keeps its order), grouped."""
+    Under xdist, the longest files first (a stable sort: each file keeps its order), grouped. Under mutmut,
+    the fastest first."""
+    _fastest_first_for_a_mutant(items)
     dist = getattr(config.option, "dist", "no")
     if dist in ("loadfile", "loadgroup"):
         items.sort(key=_file_rank)

@@ -2,9 +2,10 @@
 
 ``members(backend, size, fn, *args)`` calls ``fn(comm, *args)`` on every member of a group of `size` and
 returns their results in rank order: ``"sim"`` on layers/sim.py's SimWorld in this process (milliseconds),
-``"gloo"`` in `size` spawned processes over torch.distributed's gloo (seconds: one start-up of torch per
-process), each result saved by its process with torch.save and read back here. `fn` must be a module-level
-function (the spawned processes import it) and its results plain data and tensors.
+``"gloo"`` in `size` processes over torch.distributed's gloo, forked from this one (the suite runs one torch
+thread per process, so no thread pool is lost in the fork; forking spares each member the second or two of
+CPU that importing torch again costs), each result saved by its process with torch.save and read back here.
+`fn`'s results must be plain data and tensors.
 """
 from __future__ import annotations
 
@@ -12,9 +13,12 @@ import os
 import tempfile
 from pathlib import Path
 
+import pytest
 import torch
 
 BACKENDS = ("sim", "gloo")
+# The marks of a case on real processes: left out of make test-fast and of mutmut's runs (pytest.ini).
+REAL_GROUP = [pytest.mark.processes, pytest.mark.real_group]
 
 
 def members(backend: str, size: int, fn, *args) -> list:
@@ -28,7 +32,7 @@ def members(backend: str, size: int, fn, *args) -> list:
 
     from alexnet.launch import free_port
     with tempfile.TemporaryDirectory() as out:
-        mp.start_processes(_member, args=(size, free_port(), out, fn, args), nprocs=size, start_method="spawn")
+        mp.start_processes(_member, args=(size, free_port(), out, fn, args), nprocs=size, start_method="fork")
         return [torch.load(Path(out) / f"rank{r}.pt", weights_only=True) for r in range(size)]
 
 
@@ -60,7 +64,7 @@ def mesh(backend: str, cfg, fn) -> list:
 
     from alexnet.launch import free_port
     with tempfile.TemporaryDirectory() as out:
-        mp.start_processes(_mesh_member, args=(size, free_port(), out, cfg, fn), nprocs=size, start_method="spawn")
+        mp.start_processes(_mesh_member, args=(size, free_port(), out, cfg, fn), nprocs=size, start_method="fork")
         return [torch.load(Path(out) / f"rank{r}.pt", weights_only=True) for r in range(size)]
 
 

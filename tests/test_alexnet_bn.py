@@ -428,6 +428,8 @@ def straight(train_data, tmp_path_factory) -> Path:
     return run
 
 
+@pytest.mark.whole_runs
+@pytest.mark.processes
 def test_resume_is_exact_and_evaluate_uses_the_running_statistics(train_data, tmp_path, straight):
     """2 epochs straight == 1 epoch + the same command to 2: weights, velocities, running statistics; then
     evaluate.py on the checkpoint gives the trainer's validation loss (both in eval mode: training mode's
@@ -478,6 +480,7 @@ def _torchvision_file(tmp_path: Path) -> Path:
     return path
 
 
+@pytest.mark.whole_runs
 def test_a_checkpoint_refuses_theano_export_in_one_line(straight, tmp_path, capsys):
     capsys.readouterr()
     assert load_script("convert_weights").main([str(straight / "checkpoints" / "last.pt"), str(tmp_path / "t")]) == 2
@@ -505,6 +508,7 @@ def test_a_batch_norm_caffemodel_is_refused_naming_the_layer(tmp_path, capsys):
     assert len(err.splitlines()) == 1 and "layer 3 'bn2' is a BatchNorm" in err and "alexnet_bn" in err, err
 
 
+@pytest.mark.whole_runs
 def test_figures_draw_conv1_and_eval_mode_neighbours(straight, train_data, tmp_path):
     """filters (conv1) and neighbours (the last nn.Linear's input, in eval mode: each image's features alone,
     as a brute-force ranking of fc7 computed image by image)."""

@@ -64,6 +64,7 @@ def route_out(formats, synth, tmp_path_factory):
     return get
 
 
+@pytest.mark.processes
 @pytest.mark.parametrize("route", ["tar+devkit", "hf", "hf+kaggle val", "folder+val tar"])
 def test_every_route_gives_the_folder_routes_batch_files(route, route_out, prep):
     out = route_out(route)
@@ -74,6 +75,7 @@ def test_every_route_gives_the_folder_routes_batch_files(route, route_out, prep)
         (prep[0] / "meta.json").read_text())["classes"]
 
 
+@pytest.mark.processes
 def test_members_are_reported_as_archive_colon_member(route_out, formats, synth):
     _, manifest = synth
     skips = [q for q in manifest["quirks"] if q["expect"] == "skip" and q["split"] == "train"]
@@ -110,6 +112,7 @@ def _member_boundary(tar: Path) -> int:
     return ((member.offset_data + member.size + 511) // 512) * 512
 
 
+@pytest.mark.processes
 @pytest.mark.parametrize("which", ["train tar", "train tar at a member boundary", "val tar", "shard"])
 def test_truncated_archive_exits_2_naming_it(formats, tmp_path, which):
     f = dict(formats)
@@ -138,6 +141,7 @@ def _args(train, val, labels, out: Path, *extra) -> list:
             "--out", out, "--size", 64, "--per-file", 8, "--workers", 2, *extra]
 
 
+@pytest.mark.processes
 def test_archive_truncated_mid_run_stops_keeps_files_and_resumes(formats, route_out, tmp_path):
     tar = tmp_path / "ILSVRC2012_img_train.tar"
     shutil.copy(formats["train_tar"], tar)
@@ -159,6 +163,7 @@ def test_archive_truncated_mid_run_stops_keeps_files_and_resumes(formats, route_
     same_batches(out, route_out("tar+devkit"))
 
 
+@pytest.mark.processes
 def test_index_is_reused_and_a_changed_archive_indexed_again(formats, route_out, tmp_path, monkeypatch, capfd):
     names = ("train_tar", "val_tar", "devkit")
     copies = {k: tmp_path / Path(formats[k]).name for k in names}
@@ -188,6 +193,7 @@ def test_index_is_reused_and_a_changed_archive_indexed_again(formats, route_out,
 # -- kill -9 and resume ----------------------------------------------------------------------------
 
 
+@pytest.mark.processes
 @pytest.mark.parametrize("route", ["tar+devkit", "hf"])
 def test_kill9_mid_run_then_rerun_equals_an_uninterrupted_run(route, formats, synth, route_out, tmp_path):
     """The hf run holds ~10 KB per streaming pass: one batch file per pass, so windows are exercised too."""
@@ -226,6 +232,7 @@ sys.exit(main(sys.argv[1:]))
 """
 
 
+@pytest.mark.processes
 def test_ctrl_c_while_streaming_shards_stops_at_once(formats, tmp_path):
     """A pass over a shard takes ~5 s here; Ctrl-C must not wait for the passes to finish."""
     args = _args(formats["hf_train"], formats["hf_val"], None, tmp_path / "out", "--quiet")
@@ -240,6 +247,7 @@ def test_ctrl_c_while_streaming_shards_stops_at_once(formats, tmp_path):
     assert time.time() - start < 2.5
 
 
+@pytest.mark.processes
 def test_make_synthetic_formats_cli(tmp_path):
     r = run_script("scripts/make_synthetic.py", "--out", str(tmp_path / "src"), "--classes", "3", "--train-per-class",
                    "3", "--val-per-class", "2", "--min-side", "48", "--max-side", "64", "--formats")
@@ -251,6 +259,7 @@ def test_make_synthetic_formats_cli(tmp_path):
     assert "train: 9 images written" in r.stdout and "val: 6 images written" in r.stdout
 
 
+@pytest.mark.processes
 def test_benchmark_routes_table(synth, tmp_path):
     """benchmark.py preprocess --routes: one row per route with its rates (the numbers are docs/preprocessing.md's)."""
     sys.path.insert(0, str(REPO / "scripts"))

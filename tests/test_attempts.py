@@ -67,6 +67,7 @@ def test_a_rank_gives_up_on_a_rank_0_that_never_answers():
 
 
 @pytest.mark.processes
+@pytest.mark.real_group
 def test_a_start_up_that_hangs_ends_with_one_line():
     """A join stuck past its limit (as gloo's connect to a vanished peer was seen to be) ends the process."""
     code = ("import time\nfrom alexnet import distributed\n"
@@ -104,6 +105,7 @@ def _leaver(rank: int, port: int, out: str, together: bool) -> None:
 
 
 @pytest.mark.processes
+@pytest.mark.real_group
 def test_the_store_host_leaves_last(tmp_path, together=True):
     """With together=False (each member destroys its group and goes, as the suite's fixtures did) ranks 1
     and 2 fail in new_group every time: seen, and kept out of the suite for its time."""
@@ -111,7 +113,7 @@ def test_the_store_host_leaves_last(tmp_path, together=True):
     import torch.multiprocessing as mp
 
     from alexnet.launch import free_port
-    ctx = mp.start_processes(_leaver, args=(free_port(), str(tmp_path), together), nprocs=3, start_method="spawn",
+    ctx = mp.start_processes(_leaver, args=(free_port(), str(tmp_path), together), nprocs=3, start_method="fork",
                              join=False)
     watch, failed = children.Watch([p.pid for p in ctx.processes], "3 spawned members", cpu_s=120), ""
     try:

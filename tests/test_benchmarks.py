@@ -14,6 +14,9 @@ import pytest
 
 from tests.conftest import REPO, run_script
 
+# Its tests start processes (train.py, tools, groups): not in make test-fast (pytest.ini).
+pytestmark = pytest.mark.processes
+
 TINY = ["--width", "0.125", "--crop", "67", "--batch-size", "8", "--steps", "2", "--warmup", "1", "--repeat", "1"]
 CASES = {  # subcommand: (flags, top-level keys, keys of each row)
     "preprocess": (["--images", "20", "--workers", "2"],

@@ -383,6 +383,7 @@ def test_converted_checkpoint_evaluates_alike_and_train_py_fine_tunes_it(train_d
     assert after["config"]["model"]["lrn"] == "caffe" and after["step"] == 1
 
 
+@pytest.mark.processes
 def test_peak_memory_of_a_full_size_import_is_about_twice_the_file(full_size):
     """load_weights of a full-size file in a fresh process: peak RSS growth <= 2.2 x the file (the file's
     buffer and the model). VmHWM, not ru_maxrss, which keeps the forked test process's peak across exec."""

@@ -13,6 +13,9 @@ from alexnet.checkpoint import BackgroundWriter, CheckpointError, load, to_host
 from tests.conftest import run_script, tiny_overrides
 from tests.test_parallel import DETERMINISTIC, rel_diff
 
+# Its tests start processes (train.py, tools, groups): not in make test-fast (pytest.ini).
+pytestmark = pytest.mark.processes
+
 SLOW_DISK = """
 import sys, time
 sys.path.insert(0, {repo!r})

@@ -11,6 +11,9 @@ import pytest
 
 from tests import children
 
+# Its tests start processes (train.py, tools, groups): not in make test-fast (pytest.ini).
+pytestmark = pytest.mark.processes
+
 # A child that spins `cpu` CPU seconds (its own clock: the same work under any load), then sleeps `idle`
 # seconds, `rounds` times; with PARENT=1 it does so in a grandchild while the child itself only waits.
 SPIN = """

@@ -15,6 +15,7 @@ from tools import claims
 ROOT = Path(__file__).resolve().parent.parent
 
 
+@pytest.mark.processes
 def test_every_number_of_the_docs_has_a_source_that_agrees():
     r = children.run([sys.executable, "tools/claims.py", "--quiet"], cwd=ROOT, cpu_s=60)
     assert r.returncode == 0, r.stderr
@@ -71,6 +72,7 @@ def problems_after(root: Path, old: str, new: str, doc: str = "README.md") -> li
     return claims.check(root)[1]
 
 
+@pytest.mark.processes
 def test_a_wrong_number_in_a_table_row_fails(tmp_path):
     root = copy_of_the_repository(tmp_path)
     assert claims.check(root)[1] == []

@@ -41,6 +41,7 @@ def _run(synth, out: Path, **opts) -> dict:
     return json.loads((out / "meta.json").read_text())
 
 
+@pytest.mark.processes
 def test_the_preprocessing_seed_reaches_the_class_choice(synth, tmp_path):
     """--seed 3 and --seed 4 pick the classes choose_classes picks for them (they differ), and the labels
     number the chosen classes in sorted order."""
@@ -54,6 +55,7 @@ def test_the_preprocessing_seed_reaches_the_class_choice(synth, tmp_path):
         assert [chosen[y] for y in labels] == [n.split("/")[0] for n in names]
 
 
+@pytest.mark.processes
 def test_val_images_outside_the_subset_are_counted(synth, tmp_path):
     """meta.json's subset.val_images_outside: val.txt's images of the classes left out, counted by hand."""
     root, manifest = synth
@@ -69,6 +71,7 @@ def test_val_images_outside_the_subset_are_counted(synth, tmp_path):
                               "val_images_outside": outside}
 
 
+@pytest.mark.processes
 def test_train_per_class_alone_keeps_the_first_k_of_every_class(synth, tmp_path):
     """--train-per-class 3 without --classes: every class, each its first 3 image files by name (those that
     decode), recorded in meta.json; validation untouched."""

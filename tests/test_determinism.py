@@ -99,6 +99,7 @@ def test_deterministic_training_matches_the_default_and_repeats_exactly(train_da
     assert_same_weights(runs["det1"] / "checkpoints" / "last.pt", runs["det2"] / "checkpoints" / "last.pt")
 
 
+@pytest.mark.processes
 def test_deterministic_config_key(train_data, tmp_path):
     run = tmp_path / "run"
     assert train.main(["configs/demo.yaml", *tiny_overrides(train_data, run, **{"train.epochs": 1}),

@@ -48,6 +48,7 @@ def _truth(root: Path) -> dict[str, str]:
     return {r.split(",")[0]: r.split(",")[1].split()[0] for r in rows}
 
 
+@pytest.mark.processes
 @pytest.mark.parametrize("form", ["archive", "folder", "meta.mat + ground truth"])
 def test_devkit_labels_are_sorted_wnid_indices(formats, synth, tmp_path, form):
     root, manifest = synth
@@ -69,6 +70,7 @@ def test_devkit_labels_are_sorted_wnid_indices(formats, synth, tmp_path, form):
     assert meta["class_names"] == [formats["tree"].words[w] for w in classes]
 
 
+@pytest.mark.processes
 def test_devkit_errors(formats, synth, tmp_path):
     root, _ = synth
     kit = _extract(formats["devkit"], tmp_path / "kit") / "ILSVRC2012_devkit_t12"
@@ -81,6 +83,7 @@ def test_devkit_errors(formats, synth, tmp_path):
     assert r.returncode == 2 and f"{gt}:2" in r.stderr and "'999'" in r.stderr
 
 
+@pytest.mark.processes
 def test_class_names_from_a_file_and_beside_the_kaggle_csv(synth, formats, tmp_path):
     root, manifest = synth
     words = formats["tree"].words
@@ -117,6 +120,7 @@ def _sources(root: Path, wnid: str) -> list[str]:
     return sorted(f"{wnid}/{p.name}" for p in (root / "train" / wnid).iterdir() if p.suffix == ".JPEG")
 
 
+@pytest.mark.processes
 @pytest.mark.parametrize("how", ["number", "file"])
 def test_class_subset_and_images_per_class(synth, prep, tmp_path, how):
     root, manifest = synth
@@ -151,6 +155,7 @@ def test_class_subset_and_images_per_class(synth, prep, tmp_path, how):
         np.testing.assert_array_equal(im, full[n][0])
 
 
+@pytest.mark.processes
 def test_subset_errors_and_a_changed_subset_is_refused(synth, tmp_path):
     root, _ = synth
     base = ["--train-dir", root / "train", "--out", tmp_path / "out", "--size", 32]
@@ -164,6 +169,7 @@ def test_subset_errors_and_a_changed_subset_is_refused(synth, tmp_path):
     assert r.returncode == 2 and "class_subset" in r.stderr
 
 
+@pytest.mark.processes
 def test_conflicting_labels_for_shard_images_are_refused(formats, synth, tmp_path):
     root, manifest = synth
     csv = root.joinpath("LOC_val_solution.csv").read_text()
@@ -201,6 +207,7 @@ def sample(tmp_path_factory):
     return root, tree, write_formats(tree, root / "formats")
 
 
+@pytest.mark.processes
 def test_real_images_every_route_equals_the_folder_route(sample, tmp_path):
     root, tree, f = sample
     ref = tmp_path / "folder"

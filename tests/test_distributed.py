@@ -205,3 +205,15 @@ def test_print0_prints_on_rank_0_only(capsys):
     print0(DistInfo(rank=0, world=2), "a", "b", sep="-")
     print0(DistInfo(rank=1, world=2), "not me")
     assert capsys.readouterr().out == "a-b\n"
+
+
+@pytest.mark.parametrize("n, suffix", [(10, ""), (11, " and 1 more")])
+def test_rank_lists_are_cut_after_ten(n, suffix):
+    assert _ranks(set(range(n))) == ", ".join(map(str, range(10))) + suffix
+
+
+def test_a_rank_whose_rank_0_never_answers_says_what_the_store_said():
+    with pytest.raises(StartError) as e:
+        attempt_store(dist.HashStore(), 1, 2, timeout=0.2)
+    detail = str(e.value).rsplit("is it running? (", 1)[1]
+    assert detail.rstrip(")") not in ("", "None") and "timeout" in detail.lower(), str(e.value)

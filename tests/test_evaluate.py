@@ -406,6 +406,7 @@ def test_checkpoint_info_and_trainer_agreement(prep, trained):
 # -- scripts/evaluate.py ---------------------------------------------------------------------------
 
 
+@pytest.mark.processes
 def test_cli_end_to_end_on_a_checkpoint(prep, trained, tmp_path):
     out, _ = prep
     weights = trained / "checkpoints" / "last.pt"
@@ -481,6 +482,7 @@ def test_cli_refuses_a_checkpoint_for_other_classes(prep, trained, tmp_path, eva
 # -- scripts/plot.py ----------------------------------------------------------------------------------
 
 
+@pytest.mark.processes
 def test_plot_learning_curve(trained, tmp_path):
     pytest.importorskip("matplotlib")
     r = run_script("scripts/plot.py", str(trained))

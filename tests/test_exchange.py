@@ -16,6 +16,9 @@ from alexnet.optim import build_optimizer
 from alexnet.replica import sgd_step
 from layers import Comm, TorchComm
 
+# Its tests start processes (train.py, tools, groups): not in make test-fast (pytest.ini).
+pytestmark = pytest.mark.processes
+
 SCENARIOS = {  # name: (transport, exchange every, steps); all four run in one group of 3 processes
     "average ipc": ("ipc", 1, 4), "average gloo": ("gloo", 1, 4),
     "every 3 ipc": ("ipc", 3, 6), "every 3 gloo": ("gloo", 3, 6),
@@ -93,7 +96,7 @@ def _member(rank: int, world: int, port: int, out: str) -> None:
 def replicas(tmp_path_factory) -> dict:
     """{scenario: [history of rank 0, 1, 2]} and {"bucket views": what rank 0 saw}."""
     out = tmp_path_factory.mktemp("exchange")
-    mp.start_processes(_member, args=(3, free_port(), str(out)), nprocs=3, start_method="spawn")
+    mp.start_processes(_member, args=(3, free_port(), str(out)), nprocs=3, start_method="fork")
     got = {name: [torch.load(out / f"{name} rank{r}.pt", weights_only=True) for r in range(3)]
            for name in SCENARIOS}
     pairs = {f"pair {t}": [torch.load(out / f"pair {t} rank{r}.pt", weights_only=True) for r in (1, 2)]

@@ -157,6 +157,7 @@ def _read_in_child(data: SplitData, idx: np.ndarray, queue) -> None:
     queue.put(data.read(idx)[0].sum(dtype=np.int64))
 
 
+@pytest.mark.processes
 @pytest.mark.parametrize("method", ["fork", "spawn"])
 def test_reader_works_after_fork_and_spawn(prep, method):
     """Descriptors and threads are per process: a forked or spawned copy opens its own."""
@@ -204,6 +205,7 @@ def test_pooled_output_is_reused_only_when_nothing_holds_it(prep):
     np.testing.assert_array_equal(c, ref[16:24])
 
 
+@pytest.mark.processes
 def test_benchmark_read_reports_every_path(tmp_path):
     from tests.conftest import run_script
     out = tmp_path / "read.json"

@@ -35,6 +35,9 @@ from data.fsutil import exclusive_dir, remove_stale_temps
 from data.layouts import DataError
 from tests.conftest import load_script, run_script, tiny_overrides
 
+# Its tests start processes (train.py, tools, groups): not in make test-fast (pytest.ini).
+pytestmark = pytest.mark.processes
+
 FAST = {"data.loading": "inline", "train.epochs": 1}
 
 

@@ -11,6 +11,9 @@ from tests.conftest import load_script
 from tools.faultcheck.core import Case, Skip, judge
 from tools.faultcheck.preprocess_cases import CASES as PREPROCESS_CASES
 
+# Its tests start processes (train.py, tools, groups): not in make test-fast (pytest.ini).
+pytestmark = pytest.mark.processes
+
 W = Path("/work/c01")
 
 

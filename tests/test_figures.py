@@ -2,6 +2,9 @@
 
 Checked against what the test sets or computes itself: kernels written into a checkpoint and read back
 from the PNG's pixels; evaluate.py's CSV for the same images; fc7 features computed here layer by layer
+
+# Its tests start processes (train.py, tools, groups): not in make test-fast (pytest.ini).
+pytestmark = pytest.mark.processes
 and ranked by brute force; the Theano folder's own arrays.
 """
 from __future__ import annotations
@@ -239,6 +242,7 @@ def test_a_training_subset_is_seeded(demo, data, figures, tmp_path):
     assert len(found[0]) == 15 and found[0] == found[1] and found[0] != found[2]
 
 
+@pytest.mark.processes
 def test_figures_from_a_theano_folder(tmp_path_factory, figures, tmp_path, capsys):
     folder, data, _, arrays = figure_runs.theano(tmp_path_factory)
     out = tmp_path / "fig"
@@ -251,6 +255,7 @@ def test_figures_from_a_theano_folder(tmp_path_factory, figures, tmp_path, capsy
     assert len(json.loads((out / "predictions.json").read_text())["images"]) == 8
 
 
+@pytest.mark.processes
 def test_bad_input_exits_2_naming_the_file(tmp_path_factory, data, demo, figures, tmp_path, capsys):
     folder = figure_runs.theano(tmp_path_factory)[0]
     assert figures(["--weights", str(folder), "--data", str(data), "--out", str(tmp_path / "a")]) == 2

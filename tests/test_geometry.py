@@ -72,6 +72,7 @@ def torchvision_reference(path) -> np.ndarray:
     return np.asarray(im.crop((left, top, left + 224, top + 224)))
 
 
+@pytest.mark.processes
 def test_torchvision_geometry_center_crop_is_torchvisions(stored):
     images = stored("torchvision")
     for name in NAMES:
@@ -79,6 +80,7 @@ def test_torchvision_geometry_center_crop_is_torchvisions(stored):
         assert np.abs(ours - torchvision_reference(SAMPLE / f"{name}.JPEG")).max() <= 1, name
 
 
+@pytest.mark.processes
 def test_caffe_geometry_is_opencvs_resize(stored):
     cv2 = pytest.importorskip("cv2")
     images = stored("caffe")
@@ -100,6 +102,7 @@ def test_opencv_linear_equals_cv2_resize_on_sample_images():
                                           err_msg=f"{path.name} at {size}")
 
 
+@pytest.mark.processes
 @pytest.mark.parametrize("mode", sorted(BEFORE))
 def test_default_and_warp_geometries_are_unchanged(stored, mode):
     digest = hashlib.sha256()

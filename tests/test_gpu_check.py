@@ -19,6 +19,9 @@ from tests import children
 from tests.conftest import REPO
 from tests.test_benchmarks import CASES, IN_GPU_BENCH_TWIN, check_keys
 
+# Its tests start processes (train.py, tools, groups): not in make test-fast (pytest.ini).
+pytestmark = pytest.mark.processes
+
 sys.path.append(str(REPO / "scripts"))  # last: its scripts must not shadow other modules
 from gpucheck import basics, cli, runner, speed, table, training  # noqa: E402
 from gpucheck.benchmarks import bench_args  # noqa: E402

@@ -24,6 +24,9 @@ from alexnet.preflight import check_run
 from tests import children
 from tests.conftest import REPO, tiny_overrides
 
+# Its tests start processes (train.py, tools, groups): not in make test-fast (pytest.ini).
+pytestmark = pytest.mark.processes
+
 INLINE = {"data.loading": "inline"}
 STEPS = 2  # per epoch in `small`: 16 training images, batch 8
 

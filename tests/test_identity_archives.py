@@ -75,6 +75,7 @@ BAD_NAMES = {  # member as the archive holds it -> how the archive is made
 }
 
 
+@pytest.mark.processes
 @pytest.mark.parametrize("member", BAD_NAMES)
 def test_a_member_name_leading_out_refuses_the_archive_before_any_work(synth, tmp_path, member):
     archive = BAD_NAMES[member](synth, tmp_path)
@@ -111,6 +112,7 @@ def _ignored(out: Path) -> dict[str, str]:
             for d in json.loads((out / "report.json").read_text())["ignored"]}
 
 
+@pytest.mark.processes
 def test_links_are_listed_and_the_folder_and_tar_routes_agree(synth, tmp_path, prep):
     tree = _linked_tree(synth, tmp_path)
     images = sorted(p.name for p in (tree / CLASS).glob("*_0000*.JPEG"))
@@ -130,6 +132,7 @@ def test_links_are_listed_and_the_folder_and_tar_routes_agree(synth, tmp_path, p
     same_batches(outs["folder"], outs["tar"], splits=("train",))
 
 
+@pytest.mark.processes
 def test_members_that_are_not_files_are_listed_with_the_reason(synth, tmp_path):
     def extra(tf: tarfile.TarFile) -> None:
         _add(tf, "fifo.JPEG", kind=tarfile.FIFOTYPE)
@@ -149,6 +152,7 @@ def test_members_that_are_not_files_are_listed_with_the_reason(synth, tmp_path):
     same_batches(out, intact, splits=("train",))
 
 
+@pytest.mark.processes
 def test_a_fifo_in_a_class_folder_is_listed_not_opened(synth, tmp_path):
     train = Path(shutil.copytree(synth[0] / "train", tmp_path / "train"))
     os.mkfifo(train / CLASS / "fifo.JPEG")  # opening it would wait for a writer forever
@@ -184,6 +188,7 @@ def _replace(val_tar: Path, synth, how: str) -> None:
     assert (val_tar.stat().st_size, val_tar.stat().st_mtime_ns) == (st.st_size, st.st_mtime_ns)
 
 
+@pytest.mark.processes
 @pytest.mark.parametrize("how", ["written over", "renamed over"])
 def test_a_tar_replaced_with_the_same_size_and_mtime_is_indexed_again(synth, tmp_path, how, capfd):
     ref, out, val_tar = _interrupted(synth, tmp_path)
@@ -205,6 +210,7 @@ def _forge_index(out: Path, archive: Path, monkeypatch) -> None:
     monkeypatch.setattr(archives, "_changed", lambda *a: None, raising=False)
 
 
+@pytest.mark.processes
 def test_a_replaced_tar_the_fingerprint_misses_stops_at_the_member_header(synth, tmp_path, monkeypatch):
     ref, out, val_tar = _interrupted(synth, tmp_path)
     _replace(val_tar, synth, "renamed over")
@@ -234,6 +240,7 @@ def _shard_with(synth, path: Path, swap: bool) -> Path:
     return path
 
 
+@pytest.mark.processes
 def test_a_replaced_shard_the_fingerprint_misses_stops_at_the_member(synth, tmp_path, monkeypatch):
     shard = _shard_with(synth, tmp_path / "val_images.tar.gz", swap=False)
     out = tmp_path / "out"
@@ -261,6 +268,7 @@ def test_a_shards_fingerprint_reads_its_ends(tmp_path):
     assert archives._changed(str(shard), entry, stamp) == "its first or last 64 KiB"
 
 
+@pytest.mark.processes
 def test_a_name_held_twice_is_still_refused(synth, tmp_path):
     """Two regular members of one name (tar allows it): both are listed, so the listing refuses them as
     before; neither is dropped for the other."""

@@ -149,6 +149,7 @@ def test_upgrade_leaves_a_file_of_another_place_and_names_it(prep, tmp_path):
     assert (data / "val/00001.h5").read_bytes() == before  # left as it was: not laundered into format 2
 
 
+@pytest.mark.processes
 @pytest.mark.parametrize("kind", ["train file -> symlink to another", "train file copied into val"])
 def test_a_resumed_preprocess_redoes_a_file_of_another_place(synth, prep, tmp_path, kind):
     """An unfinished output (no meta.json) holding a file of another place under a final name: the resumed

@@ -32,6 +32,9 @@ from tests import children
 from tests.conftest import REPO, run_script, tiny_overrides
 from tools.faultcheck.tool_cases import SLOW_EVAL as FAULT_TABLE_SLOW_EVAL
 
+# Its tests start processes (train.py, tools, groups): not in make test-fast (pytest.ini).
+pytestmark = pytest.mark.processes
+
 TRACEBACK = "Traceback (most recent call last)"
 # train.lr holding 9^9 'lol's once expanded: 2.6 GB of memory, and a message quoting them of 802 MB
 BOMB = "train: {lr: [&a [lol,lol,lol,lol,lol,lol,lol,lol,lol], " + ", ".join(

@@ -271,6 +271,7 @@ def state_tensors(path) -> dict:
     return out
 
 
+@pytest.mark.whole_runs
 @pytest.mark.parametrize("optimizer", ["lars", "lamb"])
 def test_resume_is_exact(train_data, tmp_path, optimizer):
     """2 epochs straight == a stop after epoch 1's last step (max_steps, so poly's T is the same) + the
@@ -305,6 +306,7 @@ def one_error_line(capsys) -> str:
                                      "is not linear in the batch"),
     ({"train.nesterov": True}, "train.nesterov applies to train.optimizer=sgd only, not lars"),
 ])
+@pytest.mark.whole_runs
 def test_config_refusals_exit_2_in_one_line(train_data, tmp_path, capsys, over, expect):
     args = tiny_overrides(train_data, tmp_path / "run", **{"train.optimizer": "lars", **over})
     assert train.main(["configs/demo.yaml", *args]) == 2
@@ -321,6 +323,7 @@ def test_replica_refuses_weights_exchange_over_replicas_known_from_the_world():
         Replica(cfg, DistInfo(world=2), 4)
 
 
+@pytest.mark.whole_runs
 def test_resume_with_another_optimizer_is_refused(train_data, tmp_path, capsys):
     run = tmp_path / "run"
     base = tiny_overrides(train_data, run, **{"data.loading": "inline", "train.max_steps": 1})

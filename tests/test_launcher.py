@@ -202,3 +202,125 @@ def test_signals_are_forwarded_once_to_the_running_replicas():
     lau = launcher([None, 0])
     lau._forward(signal.SIGTERM, None)
     assert lau.procs[0].signals == [signal.SIGTERM] and lau.procs[1].signals == []
+
+
+# -- boundaries and wording, each by hand ---------------------------------------------------------------------
+
+def test_report_gave_up_sends_one_record_and_no_alive_thread(pipe, monkeypatch):
+    monkeypatch.setattr(launch, "LIVE_EVERY", 0.01)
+    report_gave_up(5)
+    time.sleep(0.1)  # a heartbeat thread, if one had been started, would have written "alive" records by now
+    assert _records(pipe) == [(5, 0, 2)]
+
+
+def test_how_an_exit_is_told_in_full():
+    assert launch._how(-signal.SIGKILL) == (
+        "was killed by signal 9 (SIGKILL; if no one sent it, the kernel's out-of-memory killer did: too many "
+        "processes for this machine's memory?)")
+    assert launch._how(0) == "exited with code 0 (its own error, printed above)"
+
+
+def test_a_partial_record_is_left_for_later_and_reading_never_waits(monkeypatch):
+    """Records arrive whole or in part; a part is not unpacked. After the first wait, the pipe is drained
+    without waiting again (select's timeouts, by hand: the given one, then 0)."""
+    lau = launcher([None, None])
+    waits = []
+    real = launch.select.select
+    monkeypatch.setattr(launch.select, "select", lambda r, w, x, t: waits.append(t) or real(r, w, x, t))
+    record = struct.pack(RECORD, 1, 4, 0)
+    os.write(lau.write_fd, record + record[:7])
+    lau._read_heartbeats(0.25)
+    assert lau.counts == [0, 4] and waits[0] == 0.25 and set(waits[1:]) == {0}
+
+
+def test_the_rank_just_past_the_world_is_ignored_and_giving_up_is_not_forgotten():
+    lau = launcher([None, None, None])
+    before = lau.progress_at
+    time.sleep(0.01)
+    for rank, count, kind in ((3, 9, 0), (1, 2, 2), (1, 3, 0), (1, 4, 1)):
+        send(lau, rank, count, kind)
+    lau._read_heartbeats(0)
+    assert lau.counts == [0, 4, 0] and lau.gave_up == [False, True, False]
+    assert lau.progress_at > before and isinstance(lau.progress_at, float)
+
+
+def test_two_laggards_are_both_named():
+    lau = launcher([None, None, None, None])
+    lau.counts = [7, 5, 7, 5]
+    assert lau._culprit(0).startswith("replica rank 1, 3 stopped making progress (it never reached collective "
+                                      "operation 6")
+
+
+@pytest.mark.parametrize("quiet, live_every, silent", [(2.99, 1.0, False), (3.0, 1.0, False), (3.01, 1.0, True),
+                                                      (3.5, 1.0, True), (4.0, 2.0, False), (6.5, 2.0, True)])
+def test_a_rank_is_silent_after_three_heartbeats_time(monkeypatch, quiet, live_every, silent):
+    monkeypatch.setattr(launch, "LIVE_EVERY", live_every)
+    lau = launcher([None, None, None])
+    now = 1000.0
+    monkeypatch.setattr(launch.time, "monotonic", lambda: now)
+    lau.counts, lau.seen_at = [5, 5, 5], [now, now - quiet, now - quiet]
+    lau.seen_at[2] = now  # the rank that gave up (2) is not judged
+    assert lau._culprit(2).startswith("replica rank 1 stopped") == silent
+
+
+def test_silent_ranks_are_all_named():
+    lau = launcher([None, None, None])
+    now = time.monotonic()
+    lau.counts, lau.seen_at = [5, 5, 5], [now - 8, now - 9, now]
+    assert lau._culprit(2).startswith("replica rank 0, 1 stopped making progress (no sign of life for 8 s")
+
+
+class ScriptedProc(FakeProc):
+    """Running for `polls` polls, then exiting with `code`."""
+
+    def __init__(self, pid: int, code: int, polls: int):
+        super().__init__(pid, None)
+        self.final, self.polls = code, polls
+
+    def poll(self):
+        if self.polls > 0:
+            self.polls -= 1
+            return None
+        self.code = self.final
+        return self.code
+
+
+@pytest.mark.parametrize("silent, stops", [(150.0, False), (150.5, True), (155.0, True)])
+def test_the_backstop_stops_only_after_three_timeouts_and_two_minutes_without_progress(monkeypatch, silent,
+                                                                                        stops, capsys):
+    """timeout 10 s: stopped once every replica made progress before and none has for more than 3 x 10 + 120
+    s; otherwise the replicas run on (here: to their end, exit 0)."""
+    lau = launcher([None, None], timeout=10.0)
+    lau.procs = [ScriptedProc(1000 + r, 0, 2) for r in range(2)]
+    lau.beaten = [True, True]
+    now = 5000.0
+    monkeypatch.setattr(launch.time, "monotonic", lambda: now)
+    lau.progress_at = now - silent
+    monkeypatch.setattr(launch.select, "select", lambda r, w, x, t: ([], [], []))
+    code, err = _watch(lau, capsys)
+    assert (code, "no replica reported progress" in err) == ((1, True) if stops else (0, False))
+
+
+def test_no_backstop_before_every_replica_made_progress(monkeypatch, capsys):
+    lau = launcher([None, None], timeout=10.0)
+    lau.procs = [ScriptedProc(1000 + r, 0, 2) for r in range(2)]
+    lau.beaten = [True, False]
+    lau.progress_at = time.monotonic() - 10_000
+    monkeypatch.setattr(launch.select, "select", lambda r, w, x, t: ([], [], []))
+    assert _watch(lau, capsys) == (0, "")
+
+
+def test_a_rank_that_failed_by_itself_is_named_even_when_another_lags(capsys):
+    lau = launcher([None, 3, None])
+    lau.counts = [3, 5, 5]
+    code, err = _watch(lau, capsys)
+    assert code == 1 and "replica rank 1 (pid 1001) exited with code 3" in err and "rank 0" not in err
+
+
+def test_a_rank_that_gave_up_and_is_itself_behind_is_named_as_it_failed(capsys):
+    lau = launcher([None, None, 1])
+    send(lau, 0, 5)
+    send(lau, 1, 5)
+    send(lau, 2, 3, 2)  # rank 2 gave up, but it is the one behind: no one else to blame
+    code, err = _watch(lau, capsys)
+    assert code == 1 and err.startswith("train.py: replica rank 2 (pid 1002) exited with code 1"), err

@@ -22,6 +22,9 @@ from tests import children
 from tests.conftest import REPO, tiny_overrides
 from tests.test_train import assert_same_weights, stable
 
+# Its tests start processes (train.py, tools, groups): not in make test-fast (pytest.ini).
+pytestmark = pytest.mark.processes
+
 DEVICES = ["cpu", pytest.param("cuda:0", marks=pytest.mark.gpu)]  # the CPU test and its CUDA twin
 
 

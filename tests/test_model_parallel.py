@@ -1,6 +1,6 @@
 """Model parallelism and the hybrid (Yadan et al. 2013; Krizhevsky 2012/2014), what only real processes over
-gloo show: train.py's launcher with 4 processes, a dead or hung member of a model group ending the run, the
-benchmark's own measurement; and the layouts' sizes and refusals.
+gloo show: a dead or hung member of a model group ending the run, the benchmark's own measurement; and the
+layouts' sizes and refusals.
 
 The math of every layout (parts against the single-device model, training and resuming against one process)
 runs on the rank simulator: tests/test_parallel_math.py (there too, one hybrid on 4 real processes with
@@ -11,11 +11,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from alexnet.metrics import read_metrics
 from alexnet.model_parallel import ShardedNet, parameter_bytes, sharding_problem
 from alexnet.models import build_model
 from layers import TorchComm
-from tests.test_parallel import assert_fault_ends_the_run, rel_diff, train
+from tests.test_parallel import assert_fault_ends_the_run
 
 
 @pytest.mark.parametrize("mode, world", [("columns", 2), ("fc", 2), ("fc", 4)])
@@ -40,46 +39,19 @@ def test_unsplittable_layouts_are_refused():
     assert sharding_problem("fc", "owt", 2, full) is None
 
 
-# -- train.py end to end --------------------------------------------------------------------------------
+# -- train.py end to end (its layouts against one process: the gpu-check CPU twin's model-parallel step, columns
+# and fc through train.py's launcher; on the rank simulator, tests/test_parallel_runs.py) -------------------
 
-def run(train_data, run_dir, **extra):
-    return train(train_data, run_dir, cpu_s=420, **extra)
-
-
-@pytest.fixture(scope="module")
-def single(train_data, tmp_path_factory):
-    """One process, global batch 8."""
-    ref = tmp_path_factory.mktemp("single")
-    run(train_data, ref, **{"train.batch_size": 8})
-    return ref
-
-
-# One layout through train.py's launcher as 4 processes (the others, and this one, on the rank simulator:
-# tests/test_parallel_runs.py); its global batch is 8.
-LAYOUTS = {
-    "fc R=2 x M=2, gradients, 2 slices": {"parallel.model": "fc", "parallel.model_size": 2, "parallel.replicas": 2,
-                                          "train.batch_size": 2, "parallel.exchange": "gradients", "train.slices": 2},
-}
-
-
-@pytest.mark.parametrize("name", list(LAYOUTS))
-def test_layout_trains_like_one_process(train_data, tmp_path, single, name):
-    over = LAYOUTS[name]
-    r = run(train_data, tmp_path / "run", **over)
-    assert "model parallel" in r.stdout and "global batch 8" in r.stdout
-    ref = single
-    assert rel_diff(tmp_path / "run", ref) <= 1e-5
-    a, b = read_metrics(tmp_path / "run" / "metrics.jsonl"), read_metrics(ref / "metrics.jsonl")
-    assert [(x["split"], x["iter"], x.get("n")) for x in a] == [(y["split"], y["iter"], y.get("n")) for y in b]
-    assert all(abs(x["loss"] - y["loss"]) < 1e-4 and x["top1_err"] == y["top1_err"] for x, y in zip(a, b))
-
-
+@pytest.mark.processes
+@pytest.mark.real_group
 @pytest.mark.parametrize("fault", ["kill", "hang"])
 def test_dead_or_hung_member_of_a_model_group_ends_the_run(train_data, tmp_path, fault):
     assert_fault_ends_the_run(train_data, tmp_path / "run", fault, **{
         "parallel.replicas": 1, "parallel.model_size": 2, "parallel.model": "fc", "train.batch_size": 4})
 
 
+@pytest.mark.processes
+@pytest.mark.real_group
 @pytest.mark.parametrize("name", ["2 fc parallel"])
 def test_benchmark_counts_match_the_cost_model(name):
     """benchmark.py parallel's own measurement (2 real processes over gloo): its bytes per step == the formulas

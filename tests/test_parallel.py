@@ -1,6 +1,7 @@
-"""Data parallelism end to end on CPU, what only real processes show: 2 replicas through train.py's launcher
-(DDP over gloo, the shared-memory exchange) against 1, faults, torchrun on one and two nodes. The layouts'
-math and the trainer's use of it run on the rank simulator: tests/test_parallel_runs.py."""
+"""Data parallelism end to end on CPU, what only real processes show: faults, torchrun on one and two nodes
+against the launcher's computation, the launcher's rate. The layouts' math and the trainer's use of it run
+on the rank simulator (tests/test_parallel_runs.py); train.py's launcher with 2 replicas in both exchanges
+against 1 replica, in the gpu-check CPU twin (tests/test_gpu_check.py)."""
 from __future__ import annotations
 
 import contextlib
@@ -20,6 +21,9 @@ from data.procs import child_pids
 from tests import children
 from tests.conftest import REPO, run_script, signal_handlers_kept, tiny_overrides
 from train import main as train_main
+
+# Its tests start processes (train.py, tools, groups): not in make test-fast (pytest.ini).
+pytestmark = pytest.mark.processes
 
 # Randomness off and no dropout: then N replicas of batch b must follow 1 replica of batch N*b.
 DETERMINISTIC = {"data.shuffle": False, "data.random_crop": False, "data.flip": False, "model.dropout": 0.0,
@@ -46,42 +50,18 @@ def rel_diff(a, b) -> float:
     return max(c["weights"], c["velocities"])
 
 
-ONE = {"train.batch_size": 16, "train.momentum": 0.9}  # the reference: 1 replica, 2 epochs of 3 steps
 TWO = {"train.batch_size": 8, "parallel.replicas": 2}
 
 
 @pytest.fixture(scope="module")
-def trained(train_data, tmp_path_factory):
-    """train(**overrides) once per distinct set of overrides in this module: (run dir, train.py's stdout).
-    The tests that use it only read these runs."""
-    done: dict[tuple, tuple[Path, str]] = {}
-
-    def get(**extra) -> tuple[Path, str]:
-        key = tuple(sorted((k, repr(v)) for k, v in extra.items()))
-        if key not in done:
-            run = tmp_path_factory.mktemp("run")
-            done[key] = run, train(train_data, run, **extra).stdout
-        return done[key]
-    return get
-
-
-# Through train.py's launcher: DDP over gloo, and the weights exchange in shared memory. Every layout (these
-# two, the weights exchange via gloo, plain SGD, slices, resuming in other layouts, linear lr scaling,
-# exchange_every with checkpoints in between) trains on the rank simulator: tests/test_parallel_runs.py.
-@pytest.mark.parametrize("exchange, transport, momentum", [
-    ("gradients", "gloo", 0.9),
-    ("weights", "ipc", 0.9),
-])
-def test_two_replicas_equal_one_with_twice_the_batch(trained, exchange, transport, momentum):
-    ref, _ = trained(**{**ONE, "train.momentum": momentum})
-    run, stdout = trained(**TWO, **{"parallel.exchange": exchange, "parallel.transport": transport,
-                                    "train.momentum": momentum})
-    assert f"exchange {exchange} via {transport}" in stdout
-    assert rel_diff(run, ref) <= 1e-5
-    a, b = read_metrics(run / "metrics.jsonl"), read_metrics(ref / "metrics.jsonl")
-    assert [x["split"] for x in a] == [x["split"] for x in b]
-    for x, y in zip(a, b):  # metrics reduced over replicas: the same counts as one replica
-        assert x["iter"] == y["iter"] and abs(x["loss"] - y["loss"]) < 1e-4 and x.get("n") == y.get("n")
+def launcher_math(train_data, tmp_path_factory) -> Path:
+    """What train.py's launcher computes for 2 replicas of 8, gradients exchange: on the rank simulator
+    (the launcher itself, 2 replicas against 1 with twice the batch in both exchanges, is the gpu-check CPU
+    twin's replicas-ipc and replicas-gloo-gradients steps: tests/test_gpu_check.py)."""
+    from tests.test_parallel_runs import sim_train
+    run = tmp_path_factory.mktemp("launcher_math")
+    sim_train(train_data, run, **TWO_GRADIENTS)
+    return run
 
 
 def test_mid_epoch_checkpoint_with_another_global_batch_is_refused(train_data, tmp_path, capsys):
@@ -166,23 +146,29 @@ def test_dead_or_hung_replica_stops_the_run(train_data, tmp_path, fault):
     assert_fault_ends_the_run(train_data, tmp_path / "run", fault)
 
 
-def test_torchrun_single_node_two_processes(train_data, tmp_path, trained):
+@pytest.fixture(scope="module")
+def torchrun_single_node(train_data, tmp_path_factory) -> Path:
     """The documented multi-node command, on one machine: torchrun --nnodes=1 --nproc-per-node=2 (gloo)."""
-    own, tr = trained(**TWO_GRADIENTS)[0], tmp_path / "torchrun"
+    tr = tmp_path_factory.mktemp("torchrun")
     over = tiny_overrides(train_data, tr, **DETERMINISTIC, **TORCHRUN)
     r = children.run([sys.executable, "-m", "torch.distributed.run", "--nnodes=1", "--nproc-per-node=2",
                         "--master-port", str(_port()), "train.py", "configs/demo.yaml", *over], cwd=REPO,
                        cpu_s=300)
     assert r.returncode == 0, r.stderr[-3000:]
+    return tr
+
+
+def test_torchrun_single_node_two_processes(torchrun_single_node, launcher_math):
+    own, tr = launcher_math, torchrun_single_node
     assert rel_diff(tr, own) <= 1e-5  # the same run; thread counts may differ, so not always bitwise
     a, b = read_metrics(tr / "metrics.jsonl"), read_metrics(own / "metrics.jsonl")
     assert len(a) == len(b) and all(abs(x["loss"] - y["loss"]) < 1e-4 for x, y in zip(a, b))
 
 
-def test_torchrun_two_nodes_on_one_machine(train_data, tmp_path, trained):
+def test_torchrun_two_nodes_on_one_machine(train_data, tmp_path, launcher_math):
     """Two torchrun agents, each standing for one node (--nnodes=2, --nproc-per-node=1), meet through a
-    c10d rendezvous on 127.0.0.1 and train as one job over gloo: the same run as the local launcher."""
-    own, tr = trained(**TWO_GRADIENTS)[0], tmp_path / "two_nodes"
+    c10d rendezvous on 127.0.0.1 and train as one job over gloo: the same run as the local launcher's."""
+    own, tr = launcher_math, tmp_path / "two_nodes"
     port, over = _port(), tiny_overrides(train_data, tr, **DETERMINISTIC, **TORCHRUN)
     agents = [subprocess.Popen([sys.executable, "-m", "torch.distributed.run", "--nnodes=2", f"--node-rank={node}",
                                 "--nproc-per-node=1", "--rdzv-backend=c10d", f"--rdzv-endpoint=127.0.0.1:{port}",
@@ -217,13 +203,12 @@ def test_replicas_ignored_under_torchrun(train_data, tmp_path):
     assert "parallel.replicas=3 is ignored: the launcher started 1 processes" in r.stdout
 
 
-def test_images_per_second_count_every_replicas_images(trained):
+def test_images_per_second_count_every_replicas_images(torchrun_single_node):
     """img_per_s is the global rate: each record's images (both replicas' 8) over its window. The window
     runs from the previous record to this one, so rate x the records' time difference is the global batch
     (a little more: the time between the two also holds the logging itself)."""
     import statistics
-    run, _ = trained(**TWO, **{"parallel.exchange": "gradients", "parallel.transport": "gloo",
-                               "train.momentum": 0.9})
+    run = torchrun_single_node
     train_records = [r for r in read_metrics(run / "metrics.jsonl") if r["split"] == "train"]
     seen = [b["img_per_s"] * (b["time"] - a["time"]) / 16 for a, b in zip(train_records, train_records[1:])
             if a["epoch"] == b["epoch"]]

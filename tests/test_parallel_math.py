@@ -13,6 +13,7 @@ a gradient or a trust ratio off by far less than a factor shows.
 from __future__ import annotations
 
 import contextlib
+import copy
 import functools
 from dataclasses import dataclass
 
@@ -29,7 +30,8 @@ from alexnet.models import build_model
 from alexnet.replica import Replica
 from alexnet.simulate import run_ranks
 from layers import TorchComm
-from tests.ranks import mesh
+from tests.conftest import examples
+from tests.ranks import REAL_GROUP, mesh
 
 CLASSES = 4
 TOLERANCE = 1e-6  # relative, in float64 (see the module docstring)
@@ -233,7 +235,7 @@ def reference_slices(layout: Layout) -> int:
     return layout.readers * layout.slices
 
 
-@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=examples(25), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(layout=layouts(), nccl=st.booleans())
 def test_every_layout_trains_as_one_process(layout, nccl):
     """R x M processes (data parallel, fc, columns, the hybrids), each exchange, micro-batches, SGD, LARS
@@ -280,7 +282,7 @@ def test_named_layouts_train_as_one_process(name):
 HYBRID = Layout(replicas=2, model_size=2, slices=2, batch=2, arch="alexnet_bn")  # fc R=2 x M=2, gradients
 
 
-@pytest.mark.parametrize("backend", ["sim", pytest.param("gloo", marks=pytest.mark.processes)])
+@pytest.mark.parametrize("backend", ["sim", pytest.param("gloo", marks=REAL_GROUP)])
 def test_a_layout_on_the_simulator_and_on_gloo(backend):
     """The same case, fc R=2 x M=2 of alexnet_bn in gradients mode with 2 micro-batches, on the simulator and
     on 4 real processes (alexnet.distributed.setup, gathers over gloo, DDP over each part's data group):
@@ -310,6 +312,60 @@ def test_a_layout_on_the_simulator_and_on_gloo(backend):
                 covering = [b for b in reduced if b[0] <= ptr and ptr + size <= b[0] + b[1]]
                 assert len(covering) == 1, (rank, step, key, len(covering))
             assert sum(b[1] for b in reduced) == sum(size for _, size in s["grads"].values()), (rank, step)
+
+
+# -- a checkpoint of any layout resumes in any other ----------------------------------------------------------
+
+def _resumed(first: Layout, then: Layout, batches, split: int) -> dict:
+    """`split` steps in layout `first`, its assembled state (as a checkpoint holds it) loaded into every rank of
+    layout `then` (Replica.load_full_state), the remaining steps there; rank 0's assembled state."""
+    cfg = first.config()
+
+    def before(info: DistInfo):
+        replica = Replica(cfg, info, CLASSES)
+        b, r = cfg.train.batch_size, replica.layout.reader_rank
+        for step, (x, y) in enumerate(batches[:split], 1):
+            replica.step(x[r * b:(r + 1) * b], y[r * b:(r + 1) * b], step, NO_AUTOCAST)
+        replica.average_statistics()
+        return replica.full_state()
+    model_state, opt_state = run_ranks(first.world, before, first.model_size, cfg)[0]
+    cfg2 = then.config()
+
+    def after(info: DistInfo):
+        torch.manual_seed(123)  # another start: loading must replace all of it
+        replica = Replica(cfg2, info, CLASSES)
+        replica.load_full_state(*copy.deepcopy((model_state, opt_state)))  # each its own, as from the file
+        b, r = cfg2.train.batch_size, replica.layout.reader_rank
+        for step, (x, y) in enumerate(batches[split:], split + 1):
+            replica.step(x[r * b:(r + 1) * b], y[r * b:(r + 1) * b], step, NO_AUTOCAST)
+        replica.average_statistics()
+        return _state(replica)
+    return run_ranks(then.world, after, then.model_size, cfg2)[0]
+
+
+RESUMES = {  # (first, then), each with a global batch of 8
+    "columns -> fc R=2 x M=2": (Layout(model_size=2, mode="columns", batch=8),
+                                Layout(replicas=2, model_size=2, batch=2)),
+    "fc M=4 -> 2 replicas": (Layout(model_size=4, batch=2), Layout(replicas=2, batch=4)),
+    "one -> columns R=2, weights": (Layout(batch=8), Layout(replicas=2, model_size=2, mode="columns", batch=4,
+                                                            exchange="weights")),
+    "fc M=2, LARS -> one": (Layout(model_size=2, batch=4, optimizer="lars"), Layout(batch=8, optimizer="lars")),
+    "one, LAMB -> fc M=2": (Layout(batch=8, optimizer="lamb"), Layout(model_size=2, batch=4, optimizer="lamb")),
+    "columns, LAMB -> fc M=4": (Layout(model_size=2, mode="columns", batch=8, optimizer="lamb"),
+                                Layout(model_size=4, batch=2, optimizer="lamb")),
+    "columns, batch norm -> one": (Layout(model_size=2, mode="columns", batch=8, arch="alexnet_bn"),
+                                   Layout(batch=8, arch="alexnet_bn")),
+}
+
+
+@pytest.mark.parametrize("name", list(RESUMES))
+def test_a_checkpoint_of_any_layout_resumes_in_any_other(name):
+    """Two steps in one layout, its checkpoint's state loaded into another (every per-parameter state tensor
+    sliced or assembled: velocities, Adam's moments, batch norm's statistics), two more steps there: one
+    process's four steps."""
+    first, then = RESUMES[name]
+    batches = global_batches(first, 4)
+    assert rel_diff(_resumed(first, then, batches, 2), one_process(first, batches)) <= TOLERANCE
 
 
 # -- the weights exchange every k steps: replicas apart, averaged by hand ------------------------------------
@@ -370,7 +426,7 @@ PART_CASES = [("columns", "alexnet", 2), ("columns", "caffenet", 2), ("columns",
               ("fc", "caffenet", 4), ("fc", "owt", 4)]
 
 
-@settings(max_examples=20, deadline=None)
+@settings(max_examples=examples(20), deadline=None)
 @given(case=st.sampled_from(PART_CASES), rows=st.lists(st.integers(0, 3), min_size=4, max_size=4),
        batch=st.integers(1, 3))
 def test_parts_compute_the_single_device_function(case, rows, batch):

@@ -22,6 +22,8 @@ from tests.conftest import load_script, tiny_overrides
 from tests.test_parallel import DETERMINISTIC, rel_diff
 from tests.test_parallel import train as one_process
 
+pytestmark = pytest.mark.whole_runs
+
 
 def sim_train(train_data: Path, run: Path, stops: dict[int, int] | None = None, **extra) -> str:
     """The layout of `extra` trained on the simulator (randomness off, as tests/test_parallel.py's runs);

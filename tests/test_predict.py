@@ -18,6 +18,9 @@ from data.preprocess import Options, preprocess
 from data.synthetic import synthetic_tree
 from tests.conftest import run_script
 
+# Its tests start processes (train.py, tools, groups): not in make test-fast (pytest.ini).
+pytestmark = pytest.mark.processes
+
 TV_MEAN, TV_STD = np.array([0.485, 0.456, 0.406]), np.array([0.229, 0.224, 0.225])
 
 

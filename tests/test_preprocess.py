@@ -121,6 +121,7 @@ def test_mean_equals_numpy_mean(prep):
     np.testing.assert_allclose(mean, images.astype(np.float64).mean(axis=0), rtol=0, atol=1e-4)
 
 
+@pytest.mark.processes
 def test_pixel_sums_and_mean_of_a_file_of_300_bright_images(tmp_path):
     """--per-file 300 of images near white: each file's pixel_sum reaches 300 x 255 = 76,500 (more than 16
     bits hold) and must equal numpy's uint64 sum of the stored images; the mean image their float mean."""
@@ -140,6 +141,7 @@ def test_pixel_sums_and_mean_of_a_file_of_300_bright_images(tmp_path):
                                atol=1e-4)
 
 
+@pytest.mark.processes
 @pytest.mark.parametrize("layout", ["caffe", "folders"])
 def test_val_layouts_agree_with_kaggle(prep, synth, tmp_path, layout):
     """The same val images labelled by val.txt or by class folders give the Kaggle run's output."""
@@ -198,11 +200,13 @@ def cli(*args):
     return run_script("scripts/preprocess.py", *map(str, args), "--quiet")
 
 
+@pytest.mark.processes
 def test_error_missing_train_dir(tmp_path):
     r = cli("--train-dir", tmp_path / "nope", "--out", tmp_path / "out")
     assert r.returncode == 2 and "does not exist" in r.stderr and str(tmp_path / "nope") in r.stderr
 
 
+@pytest.mark.processes
 def test_error_empty_class_set(tmp_path):
     (tmp_path / "train").mkdir()
     (tmp_path / "train" / "stray.txt").write_text("x")
@@ -220,6 +224,7 @@ def _flat_val(tmp_path, synth, text: str, name: str) -> tuple[Path, Path]:
 
 @pytest.mark.parametrize("case", ["kaggle_unknown_file", "kaggle_unknown_class", "caffe_unknown_file",
                                   "caffe_label_range", "unlabelled_image", "kaggle_bad_header"])
+@pytest.mark.processes
 def test_error_bad_label_file_before_any_work(tmp_path, synth, case):
     root, manifest = synth
     kaggle = (root / "LOC_val_solution.csv").read_text()
@@ -241,12 +246,14 @@ def test_error_bad_label_file_before_any_work(tmp_path, synth, case):
     assert not out.exists() or not list(out.rglob("*.h5"))  # no work was done
 
 
+@pytest.mark.processes
 def test_flat_val_without_labels_is_an_error(tmp_path, synth):
     root, _ = synth
     r = cli("--train-dir", root / "train", "--val-dir", root / "val", "--out", tmp_path / "out")
     assert r.returncode == 2 and "--val-labels" in r.stderr
 
 
+@pytest.mark.processes
 def test_rerun_with_other_arguments_refuses(prep, synth):
     out, _ = prep
     root, _ = synth
@@ -312,6 +319,7 @@ def same_output(a: Path, b: Path) -> None:
     assert ra["skipped"] == rb["skipped"] and ra["ignored"] == rb["ignored"]
 
 
+@pytest.mark.processes
 @pytest.mark.parametrize("how", ["kill_worker", "sigint"])
 def test_interrupted_run_resumes_to_identical_output(synth, tmp_path, how):
     root, _ = synth
@@ -351,6 +359,7 @@ def cmdline(pid: int) -> str:
         return ""
 
 
+@pytest.mark.processes
 def test_stale_temp_file_is_never_read(prep, tmp_path, synth):
     """A half-written file (temporary name) from a crash is removed and redone, never accepted."""
     root, _ = synth
@@ -367,6 +376,7 @@ def test_stale_temp_file_is_never_read(prep, tmp_path, synth):
     same_output(out, prep[0])
 
 
+@pytest.mark.processes
 def test_a_worker_killed_mid_write_leaves_no_file_under_a_final_name(synth, tmp_path, monkeypatch):
     """A batch file is written under a temporary name and renamed once complete: a worker killed after
     writing a file's images (before its labels) leaves nothing under NNNNN.h5, and every file that has
@@ -397,6 +407,7 @@ def test_a_worker_killed_mid_write_leaves_no_file_under_a_final_name(synth, tmp_
         read_batch_file(path)  # complete, or not there at all
 
 
+@pytest.mark.processes
 def test_truncated_final_file_is_redone(prep, tmp_path, synth):
     root, _ = synth
     out = tmp_path / "out"
@@ -410,6 +421,7 @@ def test_truncated_final_file_is_redone(prep, tmp_path, synth):
     same_output(out, prep[0])
 
 
+@pytest.mark.processes
 def test_cli_prints_what_was_written(tmp_path, synth):
     root, _ = synth
     r = cli("--train-dir", root / "train", "--out", tmp_path / "o", "--size", 32, "--per-file", 16)

@@ -24,6 +24,9 @@ from tests.conftest import run_script
 from tests.test_preprocess import same_batches
 from tools.faultcheck.preprocess_cases import png_declaring
 
+# Its tests start processes (train.py, tools, groups): not in make test-fast (pytest.ini).
+pytestmark = pytest.mark.processes
+
 SIZE = ["--size", "16", "--per-file", "8", "--workers", "1", "--quiet"]
 
 

@@ -35,6 +35,7 @@ def dead_pid() -> int:
     return p.pid
 
 
+@pytest.mark.processes
 def test_hold_removes_dead_writers_temporaries_and_refuses_a_second_run(tmp_path, capsys):
     run = tmp_path / "run"
     (run / "checkpoints").mkdir(parents=True)

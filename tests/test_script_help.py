@@ -11,6 +11,8 @@ import os
 import re
 import sys
 
+import pytest
+
 from tests import children
 from tests.conftest import REPO
 
@@ -55,6 +57,7 @@ def help_problems(script: str, text: str) -> list[str]:
             for flag in FLAG.findall(command) if not re.search(rf"(?<![\w-]){re.escape(flag)}(?![\w-])", rest)]
 
 
+@pytest.mark.processes
 def test_every_user_script_help_ends_with_an_example(tmp_path):
     scripts = user_scripts()
     assert {"scripts/preprocess.py", "scripts/evaluate.py", "scripts/gpu_check.py", "train.py"} <= set(scripts)

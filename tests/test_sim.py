@@ -12,7 +12,8 @@ from hypothesis import strategies as st
 
 from alexnet.simulate import sim_infos
 from layers.sim import SimError, SimWorld
-from tests.ranks import members
+from tests.conftest import examples
+from tests.ranks import REAL_GROUP, members
 
 KINDS = ("sum", "max", "min", "all_gather", "reduce_scatter", "broadcast", "all_gather_object", "gather_object",
          "broadcast_object", "barrier")
@@ -89,7 +90,7 @@ steps = st.tuples(st.sampled_from(KINDS), st.lists(st.integers(1, 3), min_size=1
                   st.integers(0, 7))
 
 
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=examples(60), deadline=None)
 @given(size=st.integers(1, 4), script=st.lists(steps, max_size=8), seed=st.integers(0, 99))
 def test_every_collective_against_numpy(size, script, seed):
     world = SimWorld(size)
@@ -107,7 +108,7 @@ def _script_member(comm):
     return _play(comm, SCRIPT, 7)
 
 
-@pytest.mark.parametrize("backend", ["sim", pytest.param("gloo", marks=pytest.mark.processes)])
+@pytest.mark.parametrize("backend", ["sim", pytest.param("gloo", marks=REAL_GROUP)])
 def test_one_script_on_the_simulator_and_on_gloo(backend):
     """The same collectives give the same results through torch.distributed's gloo as on the simulator
     (both against numpy by hand)."""

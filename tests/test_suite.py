@@ -54,6 +54,7 @@ def test_a_fixture_leaves_no_signal_handler_behind(handler_left_behind):
     assert signal.getsignal(handler_left_behind) == signal.SIG_DFL
 
 
+@pytest.mark.processes
 def test_children_get_the_terminals_sighup_when_the_suite_runs_under_nohup():
     """nohup starts the suite with SIGHUP ignored, and exec keeps it ignored: a child sent SIGHUP by a test
     would go on (as it should under nohup) and the test would judge that instead of the tool."""

@@ -228,6 +228,7 @@ def test_folders_layout(tmp_path: Path) -> None:
     assert len(val) == 4 * 3 + 1 and sum(map(_decodes, val)) == m["counts"]["val"] == 12
 
 
+@pytest.mark.processes
 def test_cli_script_from_other_cwd(tmp_path: Path) -> None:
     out = tmp_path / "cli"
     r = children.run([sys.executable, str(REPO / "scripts" / "make_synthetic.py"), "--out", str(out), "--classes",
@@ -239,6 +240,7 @@ def test_cli_script_from_other_cwd(tmp_path: Path) -> None:
     assert m["counts"] == {"train": 12, "val": 6} and m["seed"] == 5 and m["quirks"] == []
 
 
+@pytest.mark.processes
 def test_cli_module_and_main(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     r = children.run([sys.executable, "-m", "data.synthetic", "--out", str(tmp_path / "mod"), "--classes", "2",
                         "--train-per-class", "3", "--val-per-class", "1", "--val-layout", "folders"],

@@ -442,6 +442,7 @@ def test_one_step_equals_the_theano_update_rule(data256, folder, convert, tmp_pa
         assert np.abs(g[stem]).max() > 0, stem  # every layer took part in the step
 
 
+@pytest.mark.processes
 def test_train_py_continues_at_the_next_epoch(data256, folder, convert, tmp_path, capsys):
     """`train.py configs/theano_continue.yaml run.resume_from=FILE` (inverted style, another lr):
     starts at epoch E+1 from the file's weights, warns about the lr, and its checkpoint exports back."""

@@ -10,6 +10,9 @@ from tests.caffe_nets import small_blobs, write_model
 from tests.conftest import load_script
 from tests.test_faults import mounts, one_line  # noqa: F401  (mounts: a fixture)
 
+# Its tests start processes (train.py, tools, groups): not in make test-fast (pytest.ini).
+pytestmark = pytest.mark.processes
+
 NOT_USABLE = "holds NaN or inf (the first tensor that does): these weights are not usable"
 
 

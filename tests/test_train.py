@@ -17,6 +17,9 @@ from alexnet.metrics import read_metrics, without_wall_clock
 from tests import children
 from tests.conftest import REPO, run_script, signal_handlers_kept, tiny_overrides
 
+# Its tests start processes (train.py, tools, groups): not in make test-fast (pytest.ini).
+pytestmark = pytest.mark.processes
+
 stable = without_wall_clock  # the records two runs of the same training must agree on
 
 

@@ -21,6 +21,9 @@ from tests import children
 from tests.conftest import REPO, run_script
 from tests.test_fastread import flip_byte, format_1_copy
 
+# Its tests start processes (train.py, tools, groups): not in make test-fast (pytest.ini).
+pytestmark = pytest.mark.processes
+
 
 @pytest.fixture(scope="module")
 def old(prep, tmp_path_factory) -> Path:

@@ -36,6 +36,7 @@ def test_formats_do_not_import_the_modules_above_them():
     assert not _package_imports("convert") & {"load"}
 
 
+@pytest.mark.processes
 def test_evaluation_and_weights_do_not_import_the_trainer():
     code = ("import sys, alexnet.evaluation, alexnet.weights.load, alexnet.weights.convert; "
             "print(sorted(m for m in sys.modules if m in ('alexnet.trainer', 'train')))")

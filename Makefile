@@ -4,18 +4,17 @@
 # On a GPU machine (torch preinstalled, nothing installed):
 #   make gpu-check   prove the GPU paths one GPU can prove, in <= 540 s: report in gpu_check/gpu_check.md (.json, logs/)
 #   make gpu-bench   the full-size benchmarks, in <= 540 s: report in gpu_check/bench/gpu_check.md
-# demo and test run in the active virtual environment or conda env; without one, in a project .venv
-# made on first use (Debian 12 and Ubuntu >= 23.04 refuse pip installs into the system python, PEP 668).
-# It sees the base interpreter's packages (--system-site-packages), so what is installed at the pinned
-# versions is not installed again. PYTHON=... overrides all of this.
+# demo, test and test-fast install into a project .venv that make creates on first use, never into an active
+# virtual environment or conda env (a cluster node's own torch stays as it is; Debian 12 and Ubuntu >= 23.04
+# refuse pip installs into the system python, PEP 668). The .venv sees the base interpreter's packages
+# (--system-site-packages), so what is already installed at the tested versions is not installed again.
+# PYTHON=... uses that interpreter instead, and installs into it. CONSTRAINTS (default constraints.txt: the
+# tested versions, what CI installs) pins what is installed; CONSTRAINTS= installs by requirements.txt's
+# ranges only, keeping a version already there that satisfies them (a node's CUDA build of torch).
 VENV ?= .venv
-ifneq ($(VIRTUAL_ENV),)
-PYTHON ?= $(VIRTUAL_ENV)/bin/python
-else ifneq ($(CONDA_PREFIX),)
-PYTHON ?= $(CONDA_PREFIX)/bin/python
-else
 PYTHON ?= $(VENV)/bin/python
-endif
+CONSTRAINTS ?= constraints.txt
+PIN = $(if $(CONSTRAINTS),-c $(CONSTRAINTS),)
 # gpu-check, gpu-bench, test-gpu: the machine's own Python, with nothing installed.
 GPU_PYTHON ?= python3
 DEMO   ?= demo
@@ -45,18 +44,18 @@ setup:
 		python3 -m venv --system-site-packages $(VENV) || { rm -rf $(VENV); \
 		echo "make: python3 -m venv failed. On Debian/Ubuntu: sudo apt install python3-venv; or activate any virtual environment (or conda env) and run make again." >&2; exit 1; }; \
 	fi
-	$(PYTHON) -m pip install -q -r requirements.txt
+	$(PYTHON) -m pip install -q -r requirements.txt $(PIN)
 
 # The suite's runner and oracles (requirements-test.txt) are installed too, and an oracle test that skips
 # fails the run: CI must compare with OpenCV and TensorBoard, not pass over them.
 test: setup
-	$(PYTHON) -m pip install -q -r requirements-test.txt
+	$(PYTHON) -m pip install -q -r requirements-test.txt $(PIN)
 	ALEXNET_ORACLES_REQUIRED=1 $(PYTHON) -m pytest -q
 
 # The edit loop's tier (<= 60 s on 2 cores): every test that starts no process and is not slow (pytest.ini's
 # markers); a test of this tier that starts a process fails, naming the mark it needs (tests/conftest.py).
 test-fast: setup
-	$(PYTHON) -m pip install -q -r requirements-test.txt
+	$(PYTHON) -m pip install -q -r requirements-test.txt $(PIN)
 	ALEXNET_FAST_TIER=1 $(PYTHON) -m pytest -q -m "not processes and not slow"
 
 # On a GPU machine with torch preinstalled: no install step, GPU-marked tests included.
@@ -118,7 +117,7 @@ MUTATE_PARALLEL = alexnet.replica.* alexnet.exchange.* alexnet.large_batch.* ale
 	alexnet.launch.x?Launcher?_[!_]*
 MUTMUT = $(PYTHON) -c 'from mutmut.__main__ import cli; cli()'
 mutants: setup
-	$(PYTHON) -m pip install -q -r requirements-dev.txt
+	$(PYTHON) -m pip install -q -r requirements-dev.txt $(PIN)
 	rm -rf mutants
 	OMP_NUM_THREADS=1 $(MUTMUT) run --max-children 2 $(foreach m,$(MUTATE),'$(m)')
 	$(MUTMUT) results --all true | $(PYTHON) tools/mutmut_table.py $(foreach m,$(MUTATE),'$(m)')

@@ -169,7 +169,7 @@ class IpcAverage:
             os.unlink(name(self.info.rank, b))
         return peers
 
-    def _others(self) -> list[int]:
+    def _others(self) -> list[int]:  # pragma: no mutate block (CUDA only: its callers are)
         return [r for r in range(self.info.size) if r != self.info.rank]
 
     def average(self, tensors: list[torch.Tensor]) -> None:

@@ -97,6 +97,19 @@ def load_script(name: str, folder: str = "scripts"):
     return module
 
 
+def _hypothesis_under_mutmut() -> None:
+    """Under mutmut a failing example is a killed mutant: no shrinking it (shrinking reruns the test many
+    times to find the smallest failure, which only a person reading it needs)."""
+    if os.environ.get("MUTANT_UNDER_TEST", "") in ("", "stats", "fail"):
+        return
+    from hypothesis import Phase, settings
+    settings.register_profile("mutmut", phases=[Phase.explicit, Phase.reuse, Phase.generate])
+    settings.load_profile("mutmut")
+
+
+_hypothesis_under_mutmut()
+
+
 def examples(n: int) -> int:
     """How many examples a Hypothesis property draws: n in the suite; a fifth (at least 3) when mutmut runs
     the test once per mutant (it sets MUTANT_UNDER_TEST), where the named cases beside each property carry

@@ -60,14 +60,14 @@ def _run(size: int, nccl: bool, member) -> list:
 
 
 @pytest.mark.parametrize("nccl", [False, True], ids=["gloo-route", "nccl-route"])
-@pytest.mark.parametrize("counts", [(2, 0, 3), (1, 1, 1)])
-def test_gather_along_the_batch_and_its_gradient(counts, nccl):
+@pytest.mark.parametrize("counts, features", [((2, 0, 3), 4), ((1, 1, 1), 4), ((2, 0, 3), 3)])
+def test_gather_along_the_batch_and_its_gradient(counts, features, nccl):
     """Members holding 2, 0 and 3 rows (an uneven last batch) get the 5 rows in member order; each member
     weighs the gathered rows by its own W_m, so the gradient of its rows is the sum over members of their
-    rows of W_m (every member used every row)."""
+    rows of W_m (every member used every row). 3 features: as many as the largest count of rows."""
     gen = torch.Generator().manual_seed(0)
-    xs = [torch.randn(n, 4, generator=gen, dtype=torch.float64) for n in counts]
-    ws = [torch.randn(sum(counts), 4, generator=gen, dtype=torch.float64) for _ in counts]
+    xs = [torch.randn(n, features, generator=gen, dtype=torch.float64) for n in counts]
+    ws = [torch.randn(sum(counts), features, generator=gen, dtype=torch.float64) for _ in counts]
 
     def member(rank, comm):
         x = xs[rank].clone().requires_grad_(True)
@@ -84,8 +84,8 @@ def test_gather_along_the_batch_and_its_gradient(counts, nccl):
         torch.testing.assert_close(grad, total[starts[rank]:starts[rank] + counts[rank]])
         # by hand: the forward all-gather sends its rows to 2 peers; the backward sends its gradient chunk
         # to 2 peers (NCCL's reduce-scatter), or 2 x (2/3) of all 3 chunks (gloo's all-reduce); 8 bytes a value
-        forward = rows * 4 * 8 * 2
-        backward = rows * 4 * 8 * 2 if nccl else 2 * 3 * rows * 4 * 8 * 2 // 3
+        forward = rows * features * 8 * 2
+        backward = rows * features * 8 * 2 if nccl else 2 * 3 * rows * features * 8 * 2 // 3
         assert sent == forward + backward, (rank, sent)
 
 

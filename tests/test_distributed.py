@@ -155,6 +155,7 @@ def test_devices_on_a_machine_with_two_gpus(monkeypatch):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
     assert device_for("cuda", 3) == torch.device("cuda", 1) and device_for("auto", 2) == torch.device("cuda", 0)
+    assert device_for("cuda") == torch.device("cuda", 0)  # local rank 0 unless told
     assert device_for("cuda:1", 0) == torch.device("cuda", 1)
     with pytest.raises(ConfigError, match="device 'cuda:2': only 2 GPU"):
         device_for("cuda:2")
@@ -201,10 +202,40 @@ def test_slow_barrier_meets_every_rank_in_the_slow_group():
         world.run(lambda rank: slow_barrier(infos[rank], 5.0) if rank == 0 else None)
 
 
-def test_print0_prints_on_rank_0_only(capsys):
+def test_print0_prints_on_rank_0_only_and_flushes(capsys):
     print0(DistInfo(rank=0, world=2), "a", "b", sep="-")
     print0(DistInfo(rank=1, world=2), "not me")
     assert capsys.readouterr().out == "a-b\n"
+
+    class Sink(list):
+        flushes = 0
+
+        def write(self, text):
+            self.append(text)
+
+        def flush(self):
+            Sink.flushes += 1
+    sink = Sink()
+    print0(DistInfo(rank=0, world=2), "x", file=sink)  # a pipe to a launcher or a log: seen at once
+    assert "".join(sink) == "x\n" and Sink.flushes == 1
+
+
+def test_slow_barrier_waits_for_the_others_as_long_as_it_is_told():
+    """rank 0 waits `seconds` for the others at the slow group's barrier (a monitored barrier on processes)."""
+    from layers.collectives import Comm
+
+    class Recorder(Comm):
+        timeouts: list = []
+
+        def with_before(self, before):
+            return self
+
+        def barrier(self, timeout=None):
+            Recorder.timeouts.append(timeout)
+        _all_reduce = _all_gather = _reduce_scatter = _broadcast = all_gather_object = gather_object = None
+        broadcast_object = None
+    slow_barrier(DistInfo(rank=1, world=2, slow=Recorder(1, (0, 1))), 7.5)
+    assert Recorder.timeouts == [7.5]
 
 
 @pytest.mark.parametrize("n, suffix", [(10, ""), (11, " and 1 more")])

@@ -324,3 +324,31 @@ def test_a_rank_that_gave_up_and_is_itself_behind_is_named_as_it_failed(capsys):
     send(lau, 2, 3, 2)  # rank 2 gave up, but it is the one behind: no one else to blame
     code, err = _watch(lau, capsys)
     assert code == 1 and err.startswith("train.py: replica rank 2 (pid 1002) exited with code 1"), err
+
+
+def test_the_heartbeat_thread_is_a_daemon_named_heartbeat(pipe):
+    beat = Heartbeat(2)
+    try:
+        assert beat._thread.name == "heartbeat" and beat._thread.daemon
+    finally:
+        beat.stop()
+
+
+def test_stopping_a_heartbeat_without_a_launcher_does_nothing(monkeypatch):
+    monkeypatch.delenv(ENV_HEARTBEAT, raising=False)
+    beat = Heartbeat(0)
+    beat.stop()
+    assert beat._thread is None
+
+
+def test_a_heartbeat_to_a_launcher_that_is_gone_is_no_error(monkeypatch):
+    r, w = os.pipe()
+    os.close(r)  # the launcher's end closed: a write is EPIPE
+    monkeypatch.setenv(ENV_HEARTBEAT, str(w))
+    try:
+        beat = Heartbeat(1, live=False)
+        beat.arrive()
+        report_gave_up(1)
+        assert beat.count == 1
+    finally:
+        os.close(w)

@@ -68,3 +68,36 @@ def test_benchmark_counts_match_the_cost_model(name):
     expected = bp.bytes_per_step(bp.alexnet_shapes(0.125), 8, r, m, mode, nccl=False)
     assert row["MB_sent_per_step"] == round(expected / 1e6, 2) and expected > 0
     assert row["MB_params_per_process"] > 0 and row["ms_per_step"] > 0
+
+
+def test_an_affine_batch_norm_is_split_by_channel_with_its_scale_and_shift():
+    """alexnet_bn's batch norm has no scale or shift, but a column's part of one that has them holds its own
+    channels of every tensor (weight, bias, running statistics), by hand; the count stays whole."""
+    from torch import nn
+
+    from alexnet.model_parallel import _channels_of
+    bn = nn.BatchNorm2d(6)
+    with torch.no_grad():
+        bn.weight.copy_(torch.arange(6.0) + 10)
+        bn.bias.copy_(torch.arange(6.0) + 20)
+    bn.running_mean.copy_(torch.arange(6.0) + 30)
+    bn.running_var.copy_(torch.arange(6.0) + 40)
+    bn.num_batches_tracked.fill_(5)
+    for m, channels in ((0, [0, 1, 2]), (1, [3, 4, 5])):
+        part = _channels_of(bn, m, 2)
+        assert part.num_features == 3 and int(part.num_batches_tracked) == 5
+        assert isinstance(part.weight, nn.Parameter) and isinstance(part.bias, nn.Parameter)
+        for key, base in (("weight", 10), ("bias", 20), ("running_mean", 30), ("running_var", 40)):
+            assert getattr(part, key).tolist() == [base + c for c in channels], (m, key)
+        assert sorted(k for k, _ in part.named_parameters()) == ["bias", "weight"]
+    assert bn.num_features == 6 and bn.weight.shape == (6,) and bn.running_mean.shape == (6,)  # left whole
+
+
+def test_a_replica_counts_its_parameter_bytes():
+    from alexnet.config import Config, apply
+    from alexnet.distributed import DistInfo
+    from alexnet.replica import Replica
+    cfg = Config()
+    apply(cfg, {"model.width": 0.125, "data.crop": 67, "data.root": "unused", "model.init": "torch"}, "test")
+    replica = Replica(cfg, DistInfo(), 4)
+    assert replica.parameter_bytes() == 4 * sum(p.numel() for p in replica.model.parameters()) > 0

@@ -541,3 +541,25 @@ def test_lars_with_the_weights_exchange_over_replicas_is_refused_where_the_world
             Replica(cfg, info, CLASSES)
         return True
     assert run_ranks(2, member, 1, cfg) == [True, True]
+
+
+@pytest.mark.parametrize("transport", ["gloo", "ipc"])
+def test_the_weights_exchange_keeps_a_float64_models_precision(transport):
+    """1 + 2^-40 and 1 - 2^-40 average to exactly 1 in float64 (and to 1 in float32 only by rounding both):
+    the exchange's buffers are the model's dtype, through the all-reduce and the shared-memory buffers."""
+    from alexnet.exchange import WeightExchange
+    from alexnet.optim import build_optimizer
+    from layers.sim import SimWorld
+    world = SimWorld(2)
+    delta = 2.0 ** -40
+
+    def member(rank):
+        model = torch.nn.Linear(1, 1, bias=False)
+        with torch.no_grad():
+            model.weight.fill_(1.0 + (delta if rank == 0 else 3 * delta))
+        opt = build_optimizer(model, Layout().config().train)
+        exchange = WeightExchange(model, opt, world.comm(rank), transport)
+        exchange.average()
+        exchange.close()
+        return float(model.weight.detach())
+    assert world.run(member) == [1.0 + 2 * delta] * 2

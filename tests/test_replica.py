@@ -63,3 +63,17 @@ def test_each_process_reads_counts_and_scales_as_its_place_says(mode, replicas, 
         got = (layout.reader_rank, layout.reader_world, layout.counts_metrics, layout.keep_empty_batches)
         assert got == want, rank
         assert (layout.global_batch, layout.loss_scale) == (batch, scale)
+
+
+@pytest.mark.parametrize("mode, replicas, size, rank, unit, words", [
+    ("fc", 3, 1, 2, "per replica", "3 replica(s)"),
+    ("fc", 2, 2, 3, "per process", "2 replica(s) x model groups of 2 (fc model parallel), this process model rank 1 "
+                                   "of replica 1"),
+    ("columns", 1, 2, 1, "per model group", "1 replica(s) x model groups of 2 (columns model parallel), this process "
+                                            "model rank 1 of replica 0"),
+])
+def test_what_the_start_line_says_of_the_layout(mode, replicas, size, rank, unit, words):
+    cfg = load_config("configs/demo.yaml", [f"parallel.model={mode}", f"parallel.model_size={size}",
+                                             f"parallel.replicas={replicas}"])
+    layout = MeshLayout(cfg, DistInfo(rank=rank, world=replicas * size, model_size=size))
+    assert (layout.batch_unit, layout.describe()) == (unit, words)

@@ -5,7 +5,7 @@
 #   tools/compat.sh /usr/bin/python3.10 2.4.1 /tmp/venv-py310-torch24          # the unit subset
 #   tools/compat.sh /usr/bin/python3.10 2.4.1 /tmp/venv-py310-torch24 --full   # the whole suite
 # Creates VENV_DIR with PYTHON if it does not exist, installs torch==TORCH_VERSION and the other pins of
-# requirements.txt and requirements-test.txt; a pin with no release for that Python (numpy 2.4 and scipy 1.17 need Python >= 3.11)
+# constraints.txt and requirements-test.txt; a pin with no release for that Python (numpy 2.4 and scipy 1.17 need Python >= 3.11)
 # is replaced by the newest release at or below it that installs, and said so. Then prints the versions
 # and runs the subset below (one process, stops at the first failure), or with --full the suite as
 # `make test` runs it, or pytest with the arguments given. The exit code is pytest's.
@@ -29,7 +29,7 @@ SUBSET=(tests/test_models.py tests/test_lrn.py tests/test_optim.py tests/test_co
 VPY=$VENV/bin/python
 "$VPY" -m pip install -q "torch==$TORCH"
 # Each pin alone, so that one with no release for this Python falls back without hiding the others.
-cat "$ROOT/requirements.txt" "$ROOT/requirements-test.txt" | grep -vE '^\s*(#|$)|^torch==' | while read -r pin; do
+cat "$ROOT/constraints.txt" "$ROOT/requirements-test.txt" | grep -vE '^\s*(#|$)|^torch==' | while read -r pin; do
     if ! "$VPY" -m pip install -q "$pin" 2>/dev/null; then
         "$VPY" -m pip install -q "${pin/==/<=}"
         echo "compat.sh: $pin has no release for this Python; installed $("$VPY" -m pip show "${pin%%==*}" \

@@ -37,6 +37,7 @@ from alexnet.trainer import NonFiniteLoss, StopFlag, Trainer
 from data.batchfile import BatchFileError
 from data.fsutil import os_error_exit_code, os_error_message
 from data.layouts import DataError
+from data.procs import die_with_parent
 from data.slot_loader import LoaderError
 
 
@@ -66,6 +67,11 @@ def install_signal_handlers(stop: StopFlag) -> None:
 def run_replica(cfg: Config, config_path: str) -> int:
     """Train as this process's replica (the only one, or one of WORLD_SIZE); returns the exit code."""
     stop, info = StopFlag(), None
+    if "WORLD_SIZE" in os.environ:
+        # Started by a launcher (ours or torchrun's agent): if it dies, even by SIGKILL, this replica gets
+        # SIGTERM, which checkpoints with the other replicas and stops, instead of training on unwatched and
+        # holding run.dir's lock. Before the handlers below exist, SIGTERM just ends it.
+        die_with_parent(signal.SIGTERM)
     try:
         info = setup(cfg)
         if cfg.parallel.replicas not in (1, info.replicas):

@@ -146,6 +146,27 @@ def test_dead_or_hung_replica_stops_the_run(train_data, tmp_path, fault):
     assert_fault_ends_the_run(train_data, tmp_path / "run", fault)
 
 
+def test_a_killed_launcher_takes_its_replicas_with_it_after_a_checkpoint(train_data, tmp_path):
+    """kill -9 of train.py's launcher (timeout -s KILL, a batch scheduler, the out-of-memory killer): its
+    replicas get SIGTERM from the kernel, checkpoint together and exit 143; no process is left, the run's lock
+    is free, and the same command resumes from the checkpoint."""
+    run = tmp_path / "run"
+    proc = _launch(train_data, run, **{"train.epochs": 100_000})  # ends only if stopped
+    reps = _replicas_training(proc, run)
+    everything = _tree(reps)
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait()
+    watch = children.Watch(reps, "the replicas of a killed launcher", cpu_s=60)
+    while [p for p in everything if os.path.exists(f"/proc/{p}") and "Z" not in _state(p)]:
+        watch.check()  # they checkpoint first: waited for while they make progress
+        time.sleep(children.POLL_S)
+    state = load(run / "checkpoints" / "last.pt")  # written by the stop the SIGTERM asked for
+    assert state["epoch"] < 1000, state["epoch"]
+    r = run_script("train.py", "configs/demo.yaml", *tiny_overrides(train_data, run, **{
+        "train.epochs": state["epoch"] + 1, "data.loading": "inline"}), cpu_s=120)
+    assert r.returncode == 0 and "resumed from" in r.stdout, r.stderr[-2000:]
+
+
 @pytest.fixture(scope="module")
 def torchrun_single_node(train_data, tmp_path_factory) -> Path:
     """The documented multi-node command, on one machine: torchrun --nnodes=1 --nproc-per-node=2 (gloo)."""

@@ -342,3 +342,45 @@ def test_bad_optimizer_arguments():
     with pytest.raises(ValueError, match="LAMB exclude must be one of"):
         LAMB(Net().parameters(), lr=1.0, exclude="all")
     assert math.isclose(LAMB(Net().parameters(), lr=1.0).param_groups[0]["eps"], ADAM_EPS)
+
+
+# -- defaults and helpers, by hand --------------------------------------------------------------------------
+
+def test_lars_and_lamb_defaults():
+    """Built from a bare parameter list (no groups of build_optimizer's): the documented defaults, and a step
+    that reads every one of them."""
+    w = nn.Parameter(torch.ones(2, 2))
+    lars, lamb = LARS([w], lr=0.1), LAMB([w], lr=0.1)
+    assert {k: lars.param_groups[0][k] for k in ("momentum", "weight_decay", "trust_coefficient", "mode",
+                                                 "exclude", "lr_mult")} == \
+        {"momentum": 0.9, "weight_decay": 0.0, "trust_coefficient": 0.001, "mode": "scale", "exclude": "none",
+         "lr_mult": 1.0}
+    assert {k: lamb.param_groups[0][k] for k in ("weight_decay", "exclude", "lr_mult", "betas", "eps")} == \
+        {"weight_decay": 0.0, "exclude": "none", "lr_mult": 1.0, "betas": (0.9, 0.999), "eps": 1e-6}
+    for opt in (lars, lamb):
+        LRSchedule(TrainConfig(lr=0.5, lr_policy="constant"), 1).apply(opt, 0)
+        assert opt.param_groups[0]["lr"] == 0.5  # x lr_mult 1.0
+        w.grad = torch.full((2, 2), 0.5)
+        opt.step()  # every default is read by a step
+    assert isinstance(lamb.state[w]["step"], torch.Tensor) and lamb.state[w]["step"].dtype == torch.float32
+
+
+def test_norms_of_low_precision_tensors_are_taken_in_fp32_and_float64_keeps_its_own():
+    assert lb._at_least_fp32(torch.ones(2, dtype=torch.bfloat16)).dtype == torch.float32
+    assert lb._at_least_fp32(torch.ones(2, dtype=torch.float16)).dtype == torch.float32
+    assert lb._at_least_fp32(torch.ones(2, dtype=torch.float64)).dtype == torch.float64
+
+
+def test_model_group_norms_follow_the_tensors_of_each_call(monkeypatch):
+    """Two calls over different tensors (a cached index per set of sharded columns): each sums its own."""
+    a, b, c = (nn.Parameter(torch.ones(2)) for _ in range(3))
+    monkeypatch.setattr(lb, "all_reduce_sum", lambda flat, comm: flat.mul_(10))
+    reducer = ModelGroupNorms([a, c], TorchComm(None, None, 0, (0, 1)))
+    first = torch.tensor([[1.0, 2.0, 3.0]])
+    reducer([a, b, c], first)  # a and c sharded: columns 0 and 2
+    second = torch.tensor([[1.0, 2.0]])
+    reducer([b, c], second)  # now only c, in column 1
+    assert first.tolist() == [[10.0, 2.0, 30.0]] and second.tolist() == [[1.0, 20.0]]
+    alone = torch.tensor([[4.0, 5.0]])
+    ModelGroupNorms([a], TorchComm(None, None, 0, (0,)))([a, b], alone)  # a group of one: nothing to sum
+    assert alone.tolist() == [[4.0, 5.0]]

@@ -563,3 +563,106 @@ def test_the_weights_exchange_keeps_a_float64_models_precision(transport):
         exchange.close()
         return float(model.weight.detach())
     assert world.run(member) == [1.0 + 2 * delta] * 2
+
+
+
+# -- the weights exchange's own parts ------------------------------------------------------------------------
+
+def _shm_files() -> set[str]:
+    from pathlib import Path
+    folder = Path("/dev/shm") if Path("/dev/shm").is_dir() else Path("/tmp")
+    return {p.name for p in folder.glob("alexnet-*")}
+
+
+@pytest.mark.parametrize("transport, impl", [("ipc", "IpcAverage"), ("gloo", "AllReduceAverage")])
+def test_the_weights_exchange_by_transport_its_bytes_and_no_files_left(transport, impl):
+    """3 replicas of a model of 6 values and 6 velocities (48 bytes in float32): ipc reads its 2 peers' buffers
+    (96 bytes moved per exchange), the all-reduce moves 2 (n - 1) / n of it (64); exchanged at every step by
+    default; the shared-memory buffers are unlinked once mapped (nothing in /dev/shm after)."""
+    from alexnet.exchange import WeightExchange
+    from alexnet.optim import build_optimizer
+    from layers.sim import SimWorld
+    torch.set_default_dtype(torch.float32)
+    world, before = SimWorld(3), _shm_files()
+
+    def member(rank):
+        model = torch.nn.Linear(2, 2)
+        opt = build_optimizer(model, Layout().config().train)
+        exchange = WeightExchange(model, opt, world.comm(rank), transport)
+        made = type(exchange.impl).__name__, exchange.bytes_per_exchange(), exchange.sent[0]
+        done = exchange.after_step(1)
+        exchange.close()
+        return (*made, done, exchange.sent[0])
+    for name, size, sent0, done, sent in world.run(member):
+        assert (name, size, sent0, done) == (impl, 48, 0, True)
+        assert sent == (96 if transport == "ipc" else 64)
+    assert _shm_files() == before
+
+
+def test_a_replicas_bytes_sent_count_the_weights_exchange():
+    layout = Layout(replicas=2, exchange="weights")
+    cfg = layout.config(**{"parallel.transport": "gloo"})
+
+    def member(info):
+        replica = Replica(cfg, info, CLASSES)
+        x, y = global_batches(layout, 1)[0]
+        replica.step(x[:4], y[:4], 1, NO_AUTOCAST)
+        return replica.sent_bytes(), replica.exchange.bytes_per_exchange()
+    for sent, size in run_ranks(2, member, 1, cfg):
+        assert sent == size  # one exchange over 2 replicas: 2 (2 - 1) / 2 of the buffer (8 bytes a value)
+
+
+def test_a_resume_takes_momentum_and_decay_from_the_config():
+    """The checkpoint's optimizer state holds its run's momentum and decay; the config of the resumed run
+    decides them (as the schedule decides the lr)."""
+    first = Layout(batch=4)
+    replica = Replica(first.config(), DistInfo(), CLASSES)
+    x, y = global_batches(first, 1)[0]
+    replica.step(x, y, 1, NO_AUTOCAST)
+    model_state, opt_state = replica.full_state()
+    resumed = Replica(first.config(**{"train.momentum": 0.5, "train.weight_decay": 1e-3}), DistInfo(), CLASSES)
+    resumed.load_full_state(*copy.deepcopy((model_state, opt_state)))
+    assert [g["momentum"] for g in resumed.optimizer.param_groups] == [0.5, 0.5]
+    assert [g["weight_decay"] for g in resumed.optimizer.param_groups] == [1e-3, 0.0]  # biases: no decay
+    assert [len(g["params"]) for g in resumed.optimizer.param_groups] == [8, 8]
+
+
+def test_averaged_gradients_pass_keywords_on_and_broadcast_from_the_first():
+    from alexnet.exchange import AveragedGradients
+    from layers.sim import SimWorld
+
+    class Scaled(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.w = torch.nn.Parameter(torch.ones(1))
+
+        def forward(self, x, scale=1.0):
+            return self.w * x * scale
+    world = SimWorld(2)
+
+    def member(rank):
+        module = Scaled()
+        with torch.no_grad():
+            module.w.fill_(rank + 5.0)
+        wrapped = AveragedGradients(module, world.comm(rank))
+        return float(wrapped(torch.ones(1), scale=3.0).detach())
+    assert world.run(member) == [15.0, 15.0]  # member 0's weight 5, times 3
+
+
+def test_wrap_gradients_gives_ddp_for_a_torch_group_and_the_mean_for_the_simulator(tmp_path):
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel
+
+    from alexnet.exchange import AveragedGradients, wrap_gradients
+    from layers.sim import SimWorld
+    torch.set_default_dtype(torch.float32)
+    world = SimWorld(1)
+    assert isinstance(wrap_gradients(torch.nn.Linear(2, 2), torch.device("cpu"), 25, world.comm(0)),
+                      AveragedGradients)
+    dist.init_process_group("gloo", store=dist.FileStore(str(tmp_path / "store"), 1), rank=0, world_size=1)
+    try:
+        for comm in (None, TorchComm(dist.group.WORLD, None, 0, (0,))):
+            assert isinstance(wrap_gradients(torch.nn.Linear(2, 2), torch.device("cpu"), 25, comm),
+                              DistributedDataParallel)
+    finally:
+        dist.destroy_process_group()

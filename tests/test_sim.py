@@ -280,3 +280,13 @@ def test_simulated_ranks_sit_in_the_mesh_as_processes_do(world_size, model_size)
         else:
             assert info.model_peers.ranks == tuple(range(data_rank * model_size, (data_rank + 1) * model_size))
             assert info.model_peers.rank == model_rank
+
+
+def test_a_broadcast_comes_from_member_0_unless_told():
+    world = SimWorld(3)
+
+    def member(rank):
+        t = torch.tensor([float(rank + 7)])
+        world.comm(rank).broadcast(t)
+        return float(t)
+    assert world.run(member) == [7.0, 7.0, 7.0]

@@ -139,8 +139,9 @@ def read_mean(path: str | os.PathLike, size: int) -> np.ndarray:
 def check_files(root: str | os.PathLike, meta: dict, splits: tuple[str, ...], mean: bool = True) -> None:
     """Check the batch files of `splits` (and the mean image if `mean`) against meta.json.
 
-    Cheap: one stat and one HDF5 header per file, no image is read (their checksums are checked as
-    they are read).
+    Cheap: one stat and one HDF5 header per file and its labels, no image is read (their checksums are
+    checked as they are read). Every label must name one of meta.json's classes: a label past them would
+    stop training at its batch with an index error, or, below the model's own class count, train on it.
     """
     root, size = Path(root), meta["image_size"]
     for split in splits:
@@ -151,8 +152,9 @@ def check_files(root: str | os.PathLike, meta: dict, splits: tuple[str, ...], me
     seen: dict[tuple[int, int], Path] = {}  # (device, inode) -> the listed file that is it
     for path, _, _, count in listed:  # every stat first: two names of one file are named as such
         _check_batch_file(path, count, size, seen)
+    classes = len(meta["classes"])
     for path, split, index, count in listed:
-        _check_place(path, split, index, count, size)
+        _check_place(path, split, index, count, size, classes)
     if mean:
         read_mean(root / meta.get("mean", "mean.npy"), size)
 
@@ -178,12 +180,19 @@ def _check_batch_file(path: Path, count: int, size: int, seen: dict[tuple[int, i
                         "hard link); each listed batch file must be a file of its own: restore it")
 
 
-def _check_place(path: Path, split: str, index: int, count: int, size: int) -> None:
-    """Its structure, and the split, index and count it records (batchfile.check_place)."""
+def _check_place(path: Path, split: str, index: int, count: int, size: int, classes: int) -> None:
+    """Its structure, the split, index and count it records (batchfile.check_place), and its labels."""
     try:
-        open_batch_file(path, count, size, split=split, index=index).close()
+        with open_batch_file(path, count, size, split=split, index=index) as f:
+            labels = np.asarray(f["labels"][:count])
     except BatchFileError as e:
         raise DataError(str(e)) from None
+    bad = np.flatnonzero((labels < 0) | (labels >= classes))
+    if bad.size:
+        row = int(bad[0])
+        raise DataError(f"{path}: image {row} has label {int(labels[row])}, but meta.json lists {classes} classes "
+                        f"(labels 0 to {classes - 1}; {bad.size} such image(s) in this file): the file is not this "
+                        "output's; restore it, or delete it and re-run scripts/preprocess.py")
 
 
 def class_difference(a: list[str], b: list[str]) -> str:

@@ -256,6 +256,19 @@ def _foreign_file(root: Path, index: int = 0) -> None:
                      split="val", index=index)
 
 
+def _labels_past_the_classes(root: Path, split: str = "train", index: int = 1, label: int = 4) -> None:
+    """A batch file of `split` whose images carry label `label` (the data has 4 classes: 0 to 3), otherwise whole:
+    its images, count, split and index are those of its place."""
+    from data.batchfile import open_batch_file
+    entry = json.loads((root / "meta.json").read_text())["splits"][split]["files"][index]
+    path = root / split / entry["name"]
+    with open_batch_file(path) as f:
+        images, names = np.asarray(f["images"]), [n.decode() if isinstance(n, bytes) else n for n in f["names"]]
+    labels = np.zeros(len(images), np.int64)
+    labels[2] = label
+    write_batch_file(path, images, labels, names, split=split, index=index)
+
+
 def _truncate(root: Path) -> None:
     path = root / "train" / "00001.h5"
     with open(path, "r+b") as f:
@@ -281,6 +294,10 @@ DAMAGE = {
                              "train/00002.h5: batch file is missing (listed in meta.json)"),
     "a truncated batch file": (_truncate, "train/00001.h5: "),
     "a foreign batch file": (_foreign_file, "val/00000.h5: images are 80x80, meta.json says 72x72"),
+    "a label past the classes": (_labels_past_the_classes,
+                                 "train/00001.h5: image 2 has label 4, but meta.json lists 4 classes (labels 0 to 3"),
+    "a negative label": (lambda root: _labels_past_the_classes(root, "val", 0, -1),
+                         "val/00000.h5: image 2 has label -1, but meta.json lists 4 classes"),
     "a mean of another shape": (lambda root: np.save(root / "mean.npy", np.zeros((64, 64, 3), np.float32)),
                                 "mean.npy: float32 (64, 64, 3), expected numbers of shape (72, 72, 3)"),
     "a mean holding NaN": (lambda root: np.save(root / "mean.npy", np.full((72, 72, 3), np.nan, np.float32)),

@@ -59,7 +59,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--epoch", type=int, help="Theano folder: the epoch to load (default: the highest)")
     p.add_argument("--theano-conv", choices=("cudnn", "cudaconvnet"), help="Theano folder: its lib_conv")
     p.add_argument("--mean", help="a mean image .npy, (3, S, S) or (S, S, 3), for weights normalised by a mean image")
-    p.add_argument("--size", type=int, help="decoded side (default: --data's image size, else 256)")
+    p.add_argument("--size", type=positive, help="decoded side (default: --data's image size, else 256)")
     p.add_argument("--resize", choices=RESIZE_MODES, help="default: --data's mode, else warp for Theano weights "
                    "and short for the rest")
     p.add_argument("--crops", type=int, choices=(1, 10), default=1, help="1: center crop; 10: corners+center, "

@@ -163,3 +163,15 @@ def test_predict_decodes_as_the_data_was_made_and_averages_ten_crops(synth, tmp_
     rec = json.loads((tmp_path / "p.json").read_text())[0]
     assert [t["index"] for t in rec["top"]] == top.tolist()
     np.testing.assert_allclose([t["prob"] for t in rec["top"]], p[top], rtol=1e-4)
+
+
+@pytest.mark.parametrize("size", ["0", "-3"])
+def test_a_size_that_is_no_size_is_refused_in_one_line(tmp_path, capsys, size):
+    """--size 0 printed a top-5 and exited 0."""
+    from tests.conftest import load_script
+    image = tmp_path / "x.png"
+    image.write_bytes(b"")
+    with pytest.raises(SystemExit) as e:
+        load_script("predict").main([str(tmp_path / "w.pt"), str(image), "--size", size])
+    err = capsys.readouterr().err.strip()
+    assert e.value.code == 2 and len(err.splitlines()) == 1 and "--size" in err and "must be positive" in err, err

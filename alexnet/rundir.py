@@ -7,6 +7,10 @@
   writing, in run.dir and its checkpoints/ folder: a kill -9 during a save leaves a whole checkpoint.
 - ``config.yaml`` is the config of the latest start; a different earlier one is kept beside it as
   ``config.prev-N.yaml`` (N = 1, 2, ... in order), so a resumed run keeps the record of what it ran with.
+- run.dir is a new or empty folder, or already a run's (it holds what train.py writes first: ``.lock``,
+  ``metrics.jsonl``, ``checkpoints/``): an empty value, ``/``, or a folder of other files
+  (the working directory as ``run.dir=.``) is refused before anything is written, since the run would
+  write its files among them and keep the user's own ``config.yaml`` as ``config.prev-1.yaml``.
 """
 from __future__ import annotations
 
@@ -19,9 +23,28 @@ from pathlib import Path
 from data.batchfile import atomic_write_bytes
 from data.fsutil import exclusive_dir, remove_stale_temps
 
+from .config import ConfigError
 from .launch import ENV_LOCK_FD  # set for the replicas of train.py's launcher, which holds the lock
 
 _PREVIOUS = re.compile(r"^config\.prev-(\d+)\.yaml$")
+RUN_FILES = (".lock", "metrics.jsonl", "checkpoints")  # any of them: a run's folder (config.yaml alone is not)
+
+
+def check_run_dir(run_dir: str | os.PathLike) -> None:
+    """ConfigError (exit 2) unless `run_dir` is a new or empty folder or already a run's (module docstring)."""
+    if not str(run_dir).strip():
+        raise ConfigError("run.dir is empty: name the folder this run writes into (e.g. run.dir=runs/NAME)")
+    path = Path(run_dir)
+    if path.resolve() == Path(path.anchor or "/").resolve():
+        raise ConfigError(f"run.dir={run_dir} is the file system's root: name a folder of its own for this run")
+    if not path.is_dir() or any((path / name).exists() for name in RUN_FILES):
+        return
+    others = sorted(p.name for p in path.iterdir())
+    if others:
+        where = " (the working directory)" if path.resolve() == Path.cwd().resolve() else ""
+        raise ConfigError(f"run.dir={run_dir}{where} holds files that are not a training run's ({others[0]!r}"
+                          f"{f' and {len(others) - 1} more' if len(others) > 1 else ''}): a run writes "
+                          "config.yaml, metrics.jsonl and checkpoints/ there; name a new or empty folder")
 
 
 def lock_holder_here() -> bool:
@@ -33,6 +56,7 @@ def lock_holder_here() -> bool:
 def hold(run_dir: str | os.PathLike) -> Iterator[int]:
     """Lock `run_dir` for this run and remove what dead processes left in it; yields the lock's fd
     (pass it to child processes to keep the lock held while they live). DirInUse if another run holds it."""
+    check_run_dir(run_dir)
     run_dir = Path(run_dir)
     with exclusive_dir(run_dir, "training run") as fd:
         for folder in (run_dir, run_dir / "checkpoints"):

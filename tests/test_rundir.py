@@ -10,6 +10,7 @@ import pytest
 from alexnet import rundir
 from alexnet.launch import ENV_LOCK_FD
 from data.fsutil import DirInUse
+from tests.conftest import REPO
 
 
 @pytest.mark.parametrize("env, want", [
@@ -68,3 +69,39 @@ def test_write_config_keeps_each_different_previous_config(tmp_path):
     assert (run / "config.yaml").read_text() == "a: 3\n"
     assert sorted(p.name for p in run.iterdir()) == ["config.prev-1.yaml", "config.prev-10.yaml",
                                                      "config.prev-9.yaml", "config.prev-x.yaml", "config.yaml"]
+
+
+def _tree(folder):
+    return sorted(str(p.relative_to(folder)) for p in folder.rglob("*"))
+
+
+@pytest.mark.parametrize("where, words", [
+    ("", "run.dir is empty"),
+    ("/", "is the file system's root"),
+    (".", "(the working directory) holds files that are not a training run's ('config.yaml' and 1 more)"),
+    ("mine", "holds files that are not a training run's ('notes.txt')"),
+])
+def test_train_refuses_a_run_dir_that_is_not_a_runs_and_writes_nothing(tmp_path, monkeypatch, capsys, where, words):
+    """run.dir= (empty) trained into the working directory, beside the user's files, and kept the user's own
+    config.yaml as config.prev-1.yaml."""
+    import train
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "config.yaml").write_text("the user's own\n")
+    (tmp_path / "mine").mkdir()
+    (tmp_path / "mine" / "notes.txt").write_text("keep\n")
+    before = _tree(tmp_path)
+    code = train.main([str(REPO / "configs" / "demo.yaml"), f"run.dir={where}", "data.root=/nonexistent"])
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and len(err.splitlines()) == 1 and words in err, err
+    assert _tree(tmp_path) == before and (tmp_path / "config.yaml").read_text() == "the user's own\n"
+
+
+@pytest.mark.parametrize("state", ["new", "empty", "a run's"])
+def test_a_new_an_empty_or_a_runs_folder_is_a_run_dir(tmp_path, state):
+    run = tmp_path / "run"
+    if state != "new":
+        run.mkdir()
+    if state == "a run's":
+        (run / "metrics.jsonl").write_text("")
+        (run / "notes.txt").write_text("the user's, beside a run of theirs\n")
+    rundir.check_run_dir(run)

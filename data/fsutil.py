@@ -18,7 +18,7 @@ from pathlib import Path
 from .layouts import DataError
 
 # The temporary names of atomic writes: .<final name>.<pid>.tmp (checkpoint.save_atomic, batchfile.temp_path).
-TEMP_FILE = re.compile(r"^\..+\.(\d+)\.tmp$")
+TEMP_FILE = re.compile(r"^\..+\.(\d+)\.tmp(\.[A-Za-z0-9]+)?$")  # .NAME.<pid>.tmp, or .tmp.png (matplotlib's)
 _REASONS = {
     errno.ENOSPC: "disk full (no space left on device)",
     errno.EDQUOT: "disk quota exceeded",
@@ -81,7 +81,8 @@ def pid_alive(pid: int) -> bool:
 
 
 def remove_stale_temps(folder: str | os.PathLike) -> list[Path]:
-    """Delete the temporary files (``.NAME.<pid>.tmp``) in `folder` whose writer is no longer alive.
+    """Delete the temporary files (``.NAME.<pid>.tmp``, or with a suffix after it, ``.tmp.png``, for writers
+    that need one) in `folder` whose writer is no longer alive.
 
     Such a file is a write that never finished (kill -9, power loss): never trusted, only wasting
     space (a whole checkpoint each). Files of live processes are kept: they may still be renamed.

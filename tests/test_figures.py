@@ -323,3 +323,18 @@ def test_the_true_class_bar_is_red_and_only_it(monkeypatch, tmp_path):
     red, blue = to_rgba(predictions.TRUE_COLOUR), to_rgba(predictions.OTHER_COLOUR)
     assert [[p.get_facecolor() for p in ax.patches] for ax in bars] == [[blue, red, blue], [blue, blue, blue]]
     assert [[p.get_width() for p in ax.patches] for ax in bars] == [[0.5, 0.3, 0.2]] * 2
+
+
+def test_a_figure_write_removes_what_a_killed_writer_left(tmp_path):
+    """report.py killed by SIGKILL while it wrote a figure left figures/.filters.<pid>.tmp.png behind for good;
+    the next figure written there removes a dead writer's temporary (a live writer's stays)."""
+    import matplotlib.pyplot as plt
+
+    from alexnet.figures.common import save_png
+    folder = tmp_path / "figures"
+    folder.mkdir()
+    dead, live = folder / ".filters.999999999.tmp.png", folder / f".curve.{os.getpid()}.tmp.png"
+    dead.write_bytes(b"half a png")
+    live.write_bytes(b"being written")
+    save_png(plt.figure(), folder / "filters.png")
+    assert (folder / "filters.png").is_file() and not dead.exists() and live.exists()

@@ -11,6 +11,8 @@ import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 from matplotlib.figure import Figure  # noqa: E402
 
+from data.fsutil import remove_stale_temps  # noqa: E402
+
 from ..checkpoint import load  # noqa: E402
 from ..evaluation import class_words  # noqa: E402
 
@@ -18,9 +20,11 @@ DPI = 100  # figures sized in pixels are drawn at this resolution, so 1 figure p
 
 
 def save_png(fig: Figure, out: str | os.PathLike, dpi: int = DPI) -> Path:
-    """Write `fig` to `out` atomically (a temporary file renamed) and close it."""
+    """Write `fig` to `out` atomically (a temporary file renamed) and close it; the temporaries that killed
+    writers left in its folder go first."""
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
+    remove_stale_temps(out.parent)
     tmp = out.with_name(f".{out.stem}.{os.getpid()}.tmp.png")
     try:
         fig.savefig(tmp, dpi=dpi, format="png")

@@ -22,6 +22,7 @@ from torch import nn
 from tqdm import tqdm
 
 from data.augment import center_crops
+from data.fsutil import remove_stale_temps
 from data.reader import SplitData
 
 from ..evaluation import Prepared, read_names
@@ -94,6 +95,7 @@ def train_features(prep: Prepared, train: SplitData, indices: np.ndarray, weight
     feats = features(prep, train, indices, device, batch_size, progress, desc="fc7 of training images")
     if path is not None:
         path.parent.mkdir(parents=True, exist_ok=True)
+        remove_stale_temps(path.parent)  # what a killed writer left
         tmp = path.with_name(f".{path.stem}.{os.getpid()}.tmp.npz")
         try:
             np.savez(tmp, features=feats, indices=indices)

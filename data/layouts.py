@@ -160,6 +160,43 @@ def list_folder(folder: str | os.PathLike, split: str, what: str) -> Listing:
     return listing
 
 
+def wrapper(listing: Listing) -> str | None:
+    """The one top-level folder every entry of `listing` lies in, two levels down or more, if there is one: a
+    tar made the usual way (``tar cf train.tar -C SRC train``: members ``train/<wnid>/<image>``), or the
+    folder holding such a ``train/``. Its content is the source: taken as it is, its name would be the one
+    class of every image (every label 0: a loss of 0 that teaches nothing)."""
+    tops = {e.name.split("/", 1)[0] for e in listing.entries}
+    if len(tops) != 1 or listing.containers and listing.containers != sorted(tops):
+        return None
+    below = [e for e in listing.entries if "/" in e.name]  # a file at the top is no folder around classes
+    if len(below) == len(listing.entries) and all(e.wnid is None for e in below) and any(
+            e.name.count("/") >= 2 for e in below):
+        return tops.pop()
+    return None
+
+
+def unwrapped(listing: Listing, top: str) -> Listing:
+    """An archive's `listing` with the folder `top` taken off every name (see :func:`wrapper`)."""
+    cut = len(top) + 1
+    entries = [Entry(e.name[cut:], e.loc, e.wnid) for e in listing.entries]
+    return Listing(listing.root, listing.split, entries, [], listing.ignored)
+
+
+SPLIT_NAMES = frozenset({"train", "val", "valid", "validation", "test"})
+
+
+def single_class_problem(listing: Listing, classes: list[str]) -> str | None:
+    """Why `classes` (a train source's) look like a layout mistake, not a dataset: one class, or a class named
+    like a split (a folder of splits taken for a folder of classes). None if they look like classes."""
+    named = sorted(c for c in classes if c.lower() in SPLIT_NAMES)
+    if len(classes) == 1 or named:
+        which = f"a class named {named[0]!r}, like a split" if named else f"one class, {classes[0]!r}"
+        return (f"train dir {listing.root} gives {which}: expected <wnid>/<image> class folders (one folder or "
+                "archive level above them); point --train-dir at them, or pass --allow-one-class if this is "
+                "meant")
+    return None
+
+
 def _raise(e: OSError) -> None:
     raise e
 

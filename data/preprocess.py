@@ -414,13 +414,15 @@ def _finalize(out: Path, opts: Options, src: Sources, tasks: list[Task], run_inf
 
 def preprocess(train_dir, out, val_dir=None, val_labels=None, opts: Options = Options(),
                workers: int | None = None, quiet: bool = False, class_names=None,
-               shard_memory: int | None = None, allow_empty_classes: bool = False) -> dict:
+               shard_memory: int | None = None, allow_empty_classes: bool = False,
+               allow_one_class: bool = False) -> dict:
     """Run (or resume) the whole preprocessing; returns a summary of what was written.
 
     train_dir, val_dir: a folder, or one or more archives (a path or a list); val_labels: a label file,
     the devkit, or [meta.mat, ground truth]; shard_memory: bytes of compressed images held per pass
     over gzip shards (default: half the available memory); allow_empty_classes: keep a class folder
-    without images as a class (else an error). OSError when --out cannot be written (disk full, ...).
+    without images as a class (else an error); allow_one_class: accept one class, or a class named like a
+    split (else an error). OSError when --out cannot be written (disk full, ...).
     """
     if opts.size < 1 or opts.per_file < 1:
         raise DataError(f"--size and --per-file must be positive (got {opts.size}, {opts.per_file})")
@@ -435,7 +437,7 @@ def preprocess(train_dir, out, val_dir=None, val_labels=None, opts: Options = Op
     check_out(out, {"train dir": as_paths(train_dir), "val dir": as_paths(val_dir)})
     cores = len(os.sched_getaffinity(0))
     src = gather(train_dir, val_dir, val_labels, class_names, opts, out, workers or cores, quiet,
-                 allow_empty_classes)
+                 allow_empty_classes, allow_one_class)
     out.mkdir(parents=True, exist_ok=True)
     with exclusive(out):
         remove_stale_temps(out)  # meta.json's or report.json's write cut short by a kill

@@ -54,6 +54,8 @@ def build_parser() -> argparse.ArgumentParser:
                    "images held per streaming pass (default: half the available memory)")
     p.add_argument("--allow-empty-classes", action="store_true", help="keep a class folder without images as a "
                    "class (no training image teaches it); by default such a folder is an error")
+    p.add_argument("--allow-one-class", action="store_true", help="accept a train dir of one class, or with a class "
+                   "named like a split (train, val, test); by default either is taken for a layout mistake")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     return p
 
@@ -73,7 +75,8 @@ def main(argv: list[str] | None = None) -> int:
     memory = int(args.shard_memory * 2**30) if args.shard_memory else None
     try:
         summary = preprocess(args.train_dir, args.out, args.val_dir, args.val_labels, opts, args.workers,
-                             args.quiet, args.class_names, memory, args.allow_empty_classes)
+                             args.quiet, args.class_names, memory, args.allow_empty_classes,
+                             args.allow_one_class)
     except ArchiveError as e:
         print(f"preprocess: error: {e}; finished batch files are kept", file=sys.stderr)
         return 2

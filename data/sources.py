@@ -29,7 +29,10 @@ from .layouts import (
     list_folder,
     name_problem,
     printable,
+    single_class_problem,
+    unwrapped,
     val_split,
+    wrapper,
 )
 from .val_labels import read_val_labels
 
@@ -116,7 +119,9 @@ def list_source(inputs: list[str], split: str, what: str, index: SourceIndex, wo
     """The canonical listing of one split's input: a folder, or one or more archives of one kind."""
     kinds = {archive_kind(p) for p in inputs}
     if kinds == {None} and len(inputs) == 1:
-        return list_folder(inputs[0], split, what)
+        listing = list_folder(inputs[0], split, what)
+        top = wrapper(listing)  # the folder that holds a train/ of class folders: that train/ is the source
+        return listing if top is None else list_folder(os.path.join(inputs[0], top), split, what)
     if None in kinds or len(kinds) > 1:
         raise DataError(f"{what}: give one folder, or archives of one kind (.tar or .tar.gz shards), not "
                         f"{', '.join(inputs)}")
@@ -135,6 +140,8 @@ def list_source(inputs: list[str], split: str, what: str, index: SourceIndex, wo
             listing.entries += entries
             listing.containers = sorted(set(listing.containers) | set(containers))
     listing.entries.sort(key=lambda e: e.name)
+    if (top := wrapper(listing)) is not None:  # one folder around the classes, as a folder's would be
+        listing = unwrapped(listing, top)
     _no_duplicates(listing)
     return listing
 
@@ -202,15 +209,18 @@ def cap_per_class(items: list[Item], k: int | None) -> list[Item]:
 
 
 def gather(train, val, val_labels, class_names, opts, out: Path, workers: int, quiet: bool,
-           allow_empty_classes: bool = False) -> Sources:
+           allow_empty_classes: bool = False, allow_one_class: bool = False) -> Sources:
     """List, label and subset both splits (archives indexed into `out`); every input error raised here.
 
-    A chosen class with no training image is an error unless `allow_empty_classes`."""
+    A chosen class with no training image is an error unless `allow_empty_classes`; one class, or a class
+    named like a split, unless `allow_one_class` (layouts.single_class_problem)."""
     if val_labels and not val:
         raise DataError("--val-labels given without --val-dir")
     index, stamps = SourceIndex(out, quiet), {}
     train_listing = list_source(as_paths(train), "train", "train dir", index, workers, stamps)
     all_classes = find_classes(train_listing)
+    if not allow_one_class and (problem := single_class_problem(train_listing, all_classes)):
+        raise DataError(problem)
     chosen, subset = choose_classes(all_classes, opts.class_subset, opts.seed)
     splits = {"train": class_split(train_listing, all_classes, chosen, "train dir")}
     if not allow_empty_classes:

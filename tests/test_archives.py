@@ -610,3 +610,44 @@ def test_bad_tars_and_archive_kinds_by_hand(hand_tar, tmp_path):
     for name, kind in (("a.tar.gz", "shard"), ("A.TGZ", "shard"), ("x.Tar", "tar"), ("x.tar.bz2", None),
                        ("x.zip", None), (tmp_path / "p.tar", "tar")):
         assert archives.archive_kind(name) == kind, name
+
+
+@pytest.mark.processes
+@pytest.mark.parametrize("route", ["tar", "folder"])
+def test_a_train_folder_inside_a_tar_or_a_folder_is_taken_for_its_class_folders(route, synth, prep, tmp_path):
+    """`tar cf train.tar -C SRC train` (members train/<wnid>/<image>), and the folder SRC holding train/: the
+    class folders inside are the source, as given directly (the tar became one class 'train', every label 0,
+    and training it reported loss 0.0 and error 0.0)."""
+    root = synth[0]
+    if route == "tar":
+        train = tmp_path / "train.tar"
+        with tarfile.open(train, "w") as t:
+            t.add(root / "train", arcname="train")
+    else:
+        train = tmp_path / "src"
+        shutil.copytree(root / "train", train / "train")
+    out = tmp_path / "out"
+    preprocess(train, out, root / "val", root / "LOC_val_solution.csv", OPTS, workers=2, quiet=True)
+    same_batches(out, prep[0])
+    assert json.loads((out / "meta.json").read_text())["classes"] == json.loads(
+        (prep[0] / "meta.json").read_text())["classes"]
+
+
+@pytest.mark.parametrize("layout, words", [
+    ({"n01440764": 2}, "gives one class, 'n01440764'"),
+    ({"train": 2, "val": 1}, "gives a class named 'train', like a split"),
+])
+def test_one_class_or_a_class_named_like_a_split_is_taken_for_a_layout_mistake(tmp_path, layout, words):
+    from PIL import Image
+
+    from data.layouts import DataError
+    for folder, n in layout.items():
+        (tmp_path / "train" / folder).mkdir(parents=True)
+        for i in range(n):
+            Image.new("RGB", (8, 8)).save(tmp_path / "train" / folder / f"{i}.png")
+    with pytest.raises(DataError, match=words + ".*pass --allow-one-class"):
+        preprocess(tmp_path / "train", tmp_path / "out", opts=Options(size=8, per_file=4), workers=1, quiet=True)
+    assert not (tmp_path / "out" / "meta.json").exists()
+    preprocess(tmp_path / "train", tmp_path / "out", opts=Options(size=8, per_file=4), workers=1, quiet=True,
+               allow_one_class=True)
+    assert json.loads((tmp_path / "out" / "meta.json").read_text())["classes"] == sorted(layout)

@@ -111,8 +111,10 @@ def image_checksums(images: np.ndarray) -> np.ndarray:
 
 def write_batch_file(path: str | os.PathLike, images: np.ndarray, labels: np.ndarray, names: list[str],
                      *, split: str, index: int, skipped: list[dict] | None = None,
-                     pixel_sum: np.ndarray | None = None, version: int = FORMAT_VERSION) -> None:
-    """Write one batch file atomically (temporary name, fsync, rename); `version` 1 only for tests/tools."""
+                     pixel_sum: np.ndarray | None = None, version: int = FORMAT_VERSION,
+                     dataset: str | None = None) -> None:
+    """Write one batch file atomically (temporary name, fsync, rename); `version` 1 only for tests/tools;
+    `dataset`: the identity of the output it belongs to (meta.json's ``dataset``)."""
     path = Path(path)
     n = len(images)
     if images.dtype != np.uint8 or images.ndim != 4 or images.shape[3] != 3:
@@ -141,6 +143,8 @@ def write_batch_file(path: str | os.PathLike, images: np.ndarray, labels: np.nda
                                  compression_opts=1, fletcher32=version >= 2)
             f.attrs.update(format_version=version, split=split, index=index, count=n,
                            image_size=images.shape[1], skipped=json.dumps(skipped or []))
+            if dataset is not None:
+                f.attrs["dataset"] = dataset
         with open(tmp, "rb+") as fh:
             os.fsync(fh.fileno())
         os.replace(tmp, path)
@@ -175,11 +179,12 @@ def place_index(name: str, position: int) -> int:
 
 def open_batch_file(path: str | os.PathLike, expect_count: int | None = None,
                     expect_size: int | None = None, *, split: str | None = None,
-                    index: int | None = None) -> h5py.File:
+                    index: int | None = None, dataset: str | None = None) -> h5py.File:
     """Open a batch file (either format) for reading and check its structure; BatchFileError names the file.
 
     With `split` and `index` (its place in meta.json), the file must also record that place (and
-    `expect_count` images in its ``count``): a file is trusted by what it holds, not by its name.
+    `expect_count` images in its ``count``), and with `dataset` (meta.json's) that output: a file is trusted
+    by what it holds, not by its name.
     """
     path = Path(path)
     if not path.is_file():
@@ -194,6 +199,8 @@ def open_batch_file(path: str | os.PathLike, expect_count: int | None = None,
         _check_structure(f, path, expect_count, expect_size)
         if split is not None and index is not None:
             check_place(f, path, split, index, expect_count)
+        if dataset is not None:
+            check_dataset(f, path, dataset)
     except BaseException:
         f.close()
         raise
@@ -210,6 +217,18 @@ def check_place(f: h5py.File, path: Path, split: str, index: int, count: int | N
                                    f"lists it as split {want[0]!r}, index {want[1]}, count {want[2]}: another batch "
                                    "file under this name (a link or a copy?); restore the right file, or delete it "
                                    "and re-run scripts/preprocess.py to rewrite it")
+
+
+def check_dataset(f: h5py.File, path: Path, dataset: str) -> None:
+    """The output a file records must be its folder's: another preprocessing's file of the same place and
+    shape (copied in, or left by an earlier plan) holds other images under the same name and place. A file
+    that records none (written before outputs had an identity, or by a tool) is taken."""
+    found = f.attrs.get("dataset")
+    found = found.decode(errors="replace") if isinstance(found, bytes) else found
+    if found is not None and found != dataset:  # none recorded: written before outputs had an identity
+        raise BatchFileError(path, f"belongs to another preprocessed output (dataset {found}; its folder's "
+                                   f"meta.json says {dataset}): restore this output's file, or delete it and "
+                                   "re-run scripts/preprocess.py to rewrite it")
 
 
 def _recorded(f: h5py.File) -> tuple[str | None, int | None, int | None]:
@@ -331,14 +350,17 @@ def read_batch_file(path: str | os.PathLike) -> tuple[np.ndarray, np.ndarray, li
 
 
 def read_file_attrs(path: str | os.PathLike, *, split: str | None = None, index: int | None = None,
-                    count: int | None = None) -> dict:
+                    count: int | None = None, dataset: str | None = None) -> dict:
     """The attributes and pixel_sum of a finished batch file (cheap: no image is read); with `split` and
-    `index`, BatchFileError unless the file records that place (and `count`, if given)."""
-    with open_batch_file(path, count, split=split, index=index) as f:
+    `index`, BatchFileError unless the file records that place (and `count`, if given), and that output
+    with `dataset`."""
+    with open_batch_file(path, count, split=split, index=index, dataset=dataset) as f:
         out = {k: f.attrs[k] for k in ("split", "index", "count", "image_size")}
         out["count"], out["index"], out["image_size"] = int(out["count"]), int(out["index"]), int(out["image_size"])
         out["format_version"] = file_version(f)
         out["skipped"] = json.loads(f.attrs["skipped"])
+        found = f.attrs.get("dataset")
+        out["dataset"] = found.decode(errors="replace") if isinstance(found, bytes) else found
         try:
             out["pixel_sum"] = f["pixel_sum"][...] if "pixel_sum" in f else None
         except OSError as e:

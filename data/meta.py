@@ -64,6 +64,8 @@ class _Schema:
             raise DataError(f"{self.path}: num_classes is {meta['num_classes']} but classes lists {len(classes)}")
         self.int_at_least(meta.get("image_size"), 1, "image_size")
         self.name(meta.get("mean", "mean.npy"), "mean")
+        if "dataset" in meta:
+            self.of_type(meta["dataset"], str, "dataset", "the output's identity, a string")
         splits = self.of_type(meta.get("splits"), dict, "splits", "an object of splits")
         for split, entry in splits.items():
             self.split(self.name(split, "a split name"), entry)
@@ -154,7 +156,7 @@ def check_files(root: str | os.PathLike, meta: dict, splits: tuple[str, ...], me
         _check_batch_file(path, count, size, seen)
     classes = len(meta["classes"])
     for path, split, index, count in listed:
-        _check_place(path, split, index, count, size, classes)
+        _check_place(path, split, index, count, size, classes, meta.get("dataset"))
     if mean:
         read_mean(root / meta.get("mean", "mean.npy"), size)
 
@@ -180,10 +182,12 @@ def _check_batch_file(path: Path, count: int, size: int, seen: dict[tuple[int, i
                         "hard link); each listed batch file must be a file of its own: restore it")
 
 
-def _check_place(path: Path, split: str, index: int, count: int, size: int, classes: int) -> None:
-    """Its structure, the split, index and count it records (batchfile.check_place), and its labels."""
+def _check_place(path: Path, split: str, index: int, count: int, size: int, classes: int,
+                 dataset: str | None = None) -> None:
+    """Its structure, the split, index and count it records (batchfile.check_place), the output it belongs
+    to (meta.json's dataset, where the output has one), and its labels."""
     try:
-        with open_batch_file(path, count, size, split=split, index=index) as f:
+        with open_batch_file(path, count, size, split=split, index=index, dataset=dataset) as f:
             labels = np.asarray(f["labels"][:count])
     except BatchFileError as e:
         raise DataError(str(e)) from None

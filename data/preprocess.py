@@ -20,6 +20,7 @@ import io
 import json
 import multiprocessing as mp
 import os
+import secrets
 import signal
 import sys
 import tempfile
@@ -76,6 +77,7 @@ class Task:
     resize: str
     stamps: dict | None = None
     payload: tuple[bytes, ...] | None = None
+    dataset: str | None = None  # the output's identity (plan.json's), recorded in the file
 
 
 def plan_files(split: str, items: list[Item], opts: Options) -> list[tuple[Item, ...]]:
@@ -168,7 +170,7 @@ def process_task(task: Task) -> int:
     images = images[:len(names)]
     pixel_sum = images.sum(axis=0, dtype=np.uint64) if task.split == "train" else None
     write_batch_file(task.dst, images, np.asarray(labels, np.int64), names, split=task.split,
-                     index=task.index, skipped=skipped, pixel_sum=pixel_sum)
+                     index=task.index, skipped=skipped, pixel_sum=pixel_sum, dataset=task.dataset)
     return len(names)
 
 
@@ -186,12 +188,14 @@ def _plan_record(opts: Options, src: Sources) -> dict:
     return record
 
 
-def _check_plan(out: Path, record: dict) -> None:
-    """Refuse to resume into an output made with other arguments or other sources."""
+def _check_plan(out: Path, record: dict) -> str | None:
+    """Refuse to resume into an output made with other arguments or other sources; the output's identity
+    (drawn when its plan is first written; None for an output begun before outputs had one)."""
     path = out / "plan.json"
     if not path.exists():
+        record = {**record, "dataset": secrets.token_hex(16)}
         atomic_write_json(path, record)
-        return
+        return record["dataset"]
     old = _read_plan(path)
     # Not format_version: readers take both formats, even mixed in one folder, so a run started by an
     # older version may be finished by this one (scripts/upgrade_data.py converts the old files).
@@ -207,6 +211,8 @@ def _check_plan(out: Path, record: dict) -> None:
     if diffs:
         raise DataError(f"{out} holds a preprocessing run with different arguments or sources "
                         f"({'; '.join(diffs)}); use another --out, or delete {out} to start over")
+    dataset = old.get("dataset")
+    return dataset if isinstance(dataset, str) else None
 
 
 def _read_plan(path: Path) -> dict:
@@ -232,13 +238,13 @@ def _is_done(task: Task) -> bool:
     """Whether the task's file is finished: it opens cleanly and records this task's place (a file of
     another place under its name, a link or a copy, is done again, not taken)."""
     try:
-        read_file_attrs(task.dst, split=task.split, index=task.index)
+        read_file_attrs(task.dst, split=task.split, index=task.index, dataset=task.dataset)
         return True
     except BatchFileError:
         return False
 
 
-def _tasks(out: Path, opts: Options, src: Sources) -> list[Task]:
+def _tasks(out: Path, opts: Options, src: Sources, dataset: str | None) -> list[Task]:
     tasks = []
     for name, split in src.splits.items():
         (out / name).mkdir(parents=True, exist_ok=True)
@@ -246,7 +252,7 @@ def _tasks(out: Path, opts: Options, src: Sources) -> list[Task]:
             stale.unlink()  # a half-written file of an interrupted run
         for i, items in enumerate(plan_files(name, split.items, opts)):
             tasks.append(Task(name, i, items, str(split.root), str(out / name / batch_file_name(i)),
-                              opts.size, opts.resize, src.stamps))
+                              opts.size, opts.resize, src.stamps, dataset=dataset))
     return tasks
 
 
@@ -369,7 +375,7 @@ def _split_files(name: str, tasks: list[Task], versions: set[int]) -> tuple[list
     files, skipped, total = [], [], None
     for t in (t for t in tasks if t.split == name):
         path = Path(t.dst)
-        attrs = read_file_attrs(path, split=t.split, index=t.index)
+        attrs = read_file_attrs(path, split=t.split, index=t.index, dataset=t.dataset)
         versions.add(attrs["format_version"])
         files.append({"name": path.name, "count": attrs["count"]})
         skipped.extend(attrs["skipped"])
@@ -379,7 +385,8 @@ def _split_files(name: str, tasks: list[Task], versions: set[int]) -> tuple[list
     return files, skipped, total
 
 
-def _finalize(out: Path, opts: Options, src: Sources, tasks: list[Task], run_info: dict) -> dict:
+def _finalize(out: Path, opts: Options, src: Sources, tasks: list[Task], run_info: dict,
+              dataset: str | None) -> dict:
     """meta.json, mean.npy and report.json from the finished files (the files are the truth)."""
     meta_splits, skipped, counts, versions, total_sum = {}, [], {}, {FORMAT_VERSION}, None
     for name, split in src.splits.items():
@@ -404,6 +411,8 @@ def _finalize(out: Path, opts: Options, src: Sources, tasks: list[Task], run_inf
     meta = {"format_version": min(versions), "classes": src.classes, "num_classes": len(src.classes),
             "image_size": opts.size, "resize": opts.resize, "per_file": opts.per_file, "seed": opts.seed,
             "splits": meta_splits, "mean": "mean.npy"}
+    if dataset is not None:  # every file records it: a file of another output is refused where it is read
+        meta["dataset"] = dataset
     if src.class_names is not None:
         meta["class_names"] = src.class_names
     if src.subset is not None:
@@ -441,8 +450,8 @@ def preprocess(train_dir, out, val_dir=None, val_labels=None, opts: Options = Op
     out.mkdir(parents=True, exist_ok=True)
     with exclusive(out):
         remove_stale_temps(out)  # meta.json's or report.json's write cut short by a kill
-        _check_plan(out, _plan_record(opts, src))
-        tasks = _tasks(out, opts, src)
+        dataset = _check_plan(out, _plan_record(opts, src))
+        tasks = _tasks(out, opts, src, dataset)
         todo = [t for t in tasks if not _is_done(t)]
         workers = max(1, min(workers or cores, len(todo) or 1))
         budget = shard_memory or default_shard_memory()
@@ -459,7 +468,7 @@ def preprocess(train_dir, out, val_dir=None, val_labels=None, opts: Options = Op
         images = sum(len(t.items) for t in todo)
         run_info = {"seconds": round(seconds, 3), "images": images, "workers": workers,
                     "images_per_s": round(images / seconds, 1) if images and seconds > 0 else None}
-        return _finalize(out, opts, src, tasks, run_info)
+        return _finalize(out, opts, src, tasks, run_info, dataset)
 
 
 def check_out(out: Path, inputs: dict[str, list[str]]) -> None:

@@ -144,7 +144,8 @@ class SplitData:
             return PreadFile(path, fd, layout)
         # once per file and process: the file must record this split, index and count (not be a link to
         # or a copy of another batch file); the per-image path below checks nothing more
-        f = open_batch_file(path, int(self.counts[i]), self.image_size, split=self.split, index=self.places[i])
+        f = open_batch_file(path, int(self.counts[i]), self.image_size, split=self.split, index=self.places[i],
+                            dataset=self.meta.get("dataset"))
         if file_version(f) == 1:
             return f
         with f:

@@ -63,7 +63,8 @@ def convert_file(path: Path, version: int = FORMAT_VERSION, place: tuple[str, in
         return False
     images, labels, names = read_batch_file(path)  # verifies every image: never convert a corrupt one
     write_batch_file(path, images, labels, names, split=attrs["split"], index=attrs["index"],
-                     skipped=attrs["skipped"], pixel_sum=attrs["pixel_sum"], version=version)
+                     skipped=attrs["skipped"], pixel_sum=attrs["pixel_sum"], version=version,
+                     dataset=attrs["dataset"])
     return True
 
 

@@ -269,6 +269,15 @@ def _labels_past_the_classes(root: Path, split: str = "train", index: int = 1, l
     write_batch_file(path, images, labels, names, split=split, index=index)
 
 
+def _from_another_output(root: Path) -> None:
+    """val/00000.h5 replaced by the val/00000.h5 of another preprocessing of the same images (same size, split,
+    index and count: everything the file records about its place agrees; only its output differs)."""
+    import h5py
+    path = root / "val" / "00000.h5"
+    with h5py.File(path, "r+") as f:
+        f.attrs["dataset"] = "0123456789abcdef0123456789abcdef"
+
+
 def _truncate(root: Path) -> None:
     path = root / "train" / "00001.h5"
     with open(path, "r+b") as f:
@@ -294,6 +303,9 @@ DAMAGE = {
                              "train/00002.h5: batch file is missing (listed in meta.json)"),
     "a truncated batch file": (_truncate, "train/00001.h5: "),
     "a foreign batch file": (_foreign_file, "val/00000.h5: images are 80x80, meta.json says 72x72"),
+    "a file of another output": (_from_another_output, "val/00000.h5: belongs to another preprocessed output "
+                                                       "(dataset 0123456789abcdef0123456789abcdef; its folder's "
+                                                       "meta.json says "),
     "a label past the classes": (_labels_past_the_classes,
                                  "train/00001.h5: image 2 has label 4, but meta.json lists 4 classes (labels 0 to 3"),
     "a negative label": (lambda root: _labels_past_the_classes(root, "val", 0, -1),

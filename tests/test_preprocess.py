@@ -313,9 +313,15 @@ def same_batches(a: Path, b: Path, splits=("train", "val")) -> None:
 
 
 def same_output(a: Path, b: Path) -> None:
+    """The same content; each output its own identity, which every one of its batch files records."""
+    from data.batchfile import read_file_attrs
     same_batches(a, b)
     ja, jb = (json.loads((x / "meta.json").read_text()) for x in (a, b))
-    assert ja == jb
+    ids = ja.pop("dataset"), jb.pop("dataset")
+    assert ja == jb and all(len(i) == 32 for i in ids)
+    for out, meta, dataset in ((a, ja, ids[0]), (b, jb, ids[1])):
+        for split, entry in meta["splits"].items():
+            assert {read_file_attrs(out / split / f["name"])["dataset"] for f in entry["files"]} == {dataset}
     ra, rb = (json.loads((x / "report.json").read_text()) for x in (a, b))
     assert ra["skipped"] == rb["skipped"] and ra["ignored"] == rb["ignored"]
 

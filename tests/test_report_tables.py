@@ -168,3 +168,12 @@ def test_the_confusion_table_spelled_out():
         "<table id=confusions>" + _head(["true class", "wnid", "name", "predicted", "wnid", "name", "images",
                                          "share of the class"])
         + "<tbody>" + _cells(numeric, ["2", "n2", "two", "0", "n0", "zero", "3", "75.00 %"]) + "</tbody></table>")
+
+
+def test_a_checkpoint_pruned_while_the_report_reads_is_left_out(run_dir):
+    """report.py on a run still training: an epoch file run.keep_last removed after the report listed it is
+    no row (it failed on it), and no other file is the same as it."""
+    (run_dir.root / "checkpoints" / "epoch_001.pt").unlink()  # best.pt, its hard link, stays
+    rows = report.checkpoint_rows(run_dir)
+    assert [(r["file"], r["same_as"]) for r in rows] == [("epoch_002.pt", ["last.pt"]), ("last.pt", ["epoch_002.pt"]),
+                                                         ("best.pt", [])]

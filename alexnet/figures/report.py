@@ -96,15 +96,25 @@ def checkpoint_rows(run: Run) -> list[dict]:
     rows = []
     for path in run.checkpoints:
         try:
-            state = read_entries(path)
-        except Exception as e:  # truncated, not a zip file, code in the pickle: the file is unusable
+            state, size = read_entries(path), path.stat().st_size
+        except Exception as e:  # truncated, not a zip file, code in the pickle: the file is unusable ...
+            if not path.exists():  # ... unless it is gone since it was listed: a training run pruned it (keep_last)
+                continue
             raise ReportError(f"{path}: cannot be loaded ({type(e).__name__}: {e})") from None
         epoch, step = int(state.get("epoch", 0)), int(state.get("global_step", 0))
         val = vals.get((epoch, step), {})
-        same = [p.name for p in run.checkpoints if p != path and os.path.samefile(p, path)]
+        same = [p.name for p in run.checkpoints if p != path and _same_file(p, path)]
         rows.append({"file": path.name, "epoch": epoch, "global_step": step, "val_top1_err": val.get("top1_err"),
-                     "val_top5_err": val.get("top5_err"), "mib": path.stat().st_size / 2 ** 20, "same_as": same})
+                     "val_top5_err": val.get("top5_err"), "mib": size / 2 ** 20, "same_as": same})
     return rows
+
+
+def _same_file(a: Path, b: Path) -> bool:
+    """Whether two names are one file (a hard link); a name that is gone is none."""
+    try:
+        return os.path.samefile(a, b)
+    except FileNotFoundError:
+        return False
 
 
 def class_rows(evaluation: dict, most: int = TOP_CLASSES) -> tuple[list[dict], list[dict]]:

@@ -40,6 +40,7 @@ from .metrics import topk_correct
 from .precision import autocast_for
 from .weights.common import crop_for_side
 from .weights.geometry import geometry_notice
+from .weights.hub import resolve
 from .weights.load import load_weights
 from .weights.mean_image import CAFFE_CHANNEL_MEAN_BGR, caffe_channel_mean, read_mean_image
 
@@ -112,6 +113,7 @@ def prepare(weights: str | os.PathLike, root: str | os.PathLike, split: str = "v
 
     Raises CheckpointError or ValueError naming the file at fault.
     """
+    weights = resolve(weights)  # a published set's name: its checked file in torch's hub cache
     model, info = load_weights(weights, arch, epoch=epoch, theano_conv=theano_conv)
     refuse_non_finite(model.state_dict(), weights)
     data = SplitData(root, split)

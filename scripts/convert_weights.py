@@ -49,6 +49,7 @@ from alexnet.cli import guarded, protect_streams  # noqa: E402
 from alexnet.models import ARCHS  # noqa: E402
 from alexnet.weights.caffe import is_caffemodel  # noqa: E402
 from alexnet.weights.convert import caffe_checkpoint, theano_checkpoint, to_theano  # noqa: E402
+from alexnet.weights.hub import resolve  # noqa: E402
 from alexnet.weights.theano import read_theano, write_theano  # noqa: E402
 from alexnet.weights.theano_layout import THEANO_CONVS  # noqa: E402
 
@@ -61,7 +62,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                                 formatter_class=argparse.RawDescriptionHelpFormatter,
                                 epilog="\n".join(__doc__.splitlines()[2:]) + f"\n\nexample: {EXAMPLE}")
     p.add_argument("src", help="a Theano weights folder, a BVLC .caffemodel, or our .pt checkpoint / weights / "
-                   "caffenet state_dict")
+                   "caffenet state_dict; or a published set by name, fetched and checked (bvlc_alexnet, "
+                   "bvlc_reference_caffenet)")
     p.add_argument("dst", help="the .pt file to write (from a folder), or the Theano folder to write into")
     p.add_argument("--epoch", type=int, help="folder -> .pt: the epoch to read (default: the highest); "
                    ".pt -> folder: the epoch to write as (default: the checkpoint's completed epochs)")
@@ -153,6 +155,7 @@ def from_caffe(args: argparse.Namespace) -> str:
 
 def convert(args: argparse.Namespace) -> str:
     """Convert in the direction SRC gives; returns the summary line."""
+    args.src = str(resolve(args.src))  # a published set's name: its checked file in torch's hub cache
     if not Path(args.src).exists():
         raise ValueError(f"{args.src}: no such file or folder")
     if Path(args.src).is_dir():

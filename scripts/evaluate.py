@@ -41,6 +41,7 @@ from alexnet.cli import guarded, positive, protect_streams  # noqa: E402
 from alexnet.distributed import pick_device  # noqa: E402
 from alexnet.evaluation import PRECISIONS, evaluate, prepare  # noqa: E402
 from alexnet.models import ARCHS  # noqa: E402
+from alexnet.weights.hub import NAME_HELP  # noqa: E402
 from alexnet.weights.theano_layout import THEANO_CONVS  # noqa: E402
 from data.batchfile import atomic_write_json  # noqa: E402
 from data.fsutil import check_writable  # noqa: E402
@@ -55,7 +56,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                                 epilog="\n".join(__doc__.splitlines()[2:]) + f"\n\nexample: {EXAMPLE}")
     p.add_argument("--data", required=True, help="a scripts/preprocess.py output folder")
     p.add_argument("--weights", required=True, help="checkpoint (.pt), state_dict file, a Theano weights folder, or a "
-                   "BVLC .caffemodel")
+                   "BVLC .caffemodel" + NAME_HELP)
     p.add_argument("--arch", choices=ARCHS, help="needed only for plain alexnet/caffenet state dicts")
     p.add_argument("--epoch", type=positive, help="Theano folder: the epoch to load (default: the highest)")
     p.add_argument("--theano-conv", choices=THEANO_CONVS, help="Theano folder: the run's lib_conv (default cudnn, "

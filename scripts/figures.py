@@ -32,6 +32,7 @@ from alexnet.distributed import pick_device  # noqa: E402
 from alexnet.evaluation import prepare  # noqa: E402
 from alexnet.figures.make import FIGURES, FigureOptions, make_figures  # noqa: E402
 from alexnet.models import ARCHS  # noqa: E402
+from alexnet.weights.hub import NAME_HELP, resolve  # noqa: E402
 from alexnet.weights.theano_layout import THEANO_CONVS  # noqa: E402
 
 # --help's last line
@@ -43,7 +44,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                                 formatter_class=argparse.RawDescriptionHelpFormatter,
                                 epilog="\n".join(__doc__.splitlines()[2:]) + f"\n\nexample: {EXAMPLE}")
     p.add_argument("--weights", required=True, help="checkpoint (.pt), state_dict file, a Theano weights folder, or a "
-                   "BVLC .caffemodel")
+                   "BVLC .caffemodel" + NAME_HELP)
     p.add_argument("--data", required=True, help="a scripts/preprocess.py output folder (val and train splits)")
     p.add_argument("--out", required=True, help="folder for the figures")
     p.add_argument("--arch", choices=ARCHS, help="needed only for plain alexnet/caffenet state dicts")
@@ -80,6 +81,7 @@ def run(args: argparse.Namespace) -> dict:
         device = pick_device(args.device)
     except RuntimeError as e:  # cuda asked for but absent
         raise ValueError(str(e)) from None
+    args.weights = resolve(args.weights)  # a published set's name: its checked file in torch's hub cache
     prep = prepare(args.weights, args.data, arch=args.arch, epoch=args.epoch, theano_conv=args.theano_conv,
                    mean=args.mean, device=device, prog="figures.py")
     return make_figures(args.weights, prep, args.out, options(args), device)

@@ -33,6 +33,7 @@ from alexnet.cli import OneLineParser, guarded, positive, protect_streams  # noq
 from alexnet.evaluation import load_weights, predict_log_probs  # noqa: E402
 from alexnet.models import ARCHS  # noqa: E402
 from alexnet.weights.geometry import expected_geometry  # noqa: E402
+from alexnet.weights.hub import NAME_HELP, resolve  # noqa: E402
 from data.augment import Normalizer  # noqa: E402
 from data.batchfile import atomic_write_json  # noqa: E402
 from data.classnames import read_class_names  # noqa: E402
@@ -48,7 +49,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = OneLineParser(description=__doc__.splitlines()[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter,
                                 epilog="\n".join(__doc__.splitlines()[2:]) + f"\n\nexample: {EXAMPLE}")
-    p.add_argument("weights", help="checkpoint (.pt), state_dict file, or a Theano weights folder")
+    p.add_argument("weights", help="checkpoint (.pt), state_dict file, or a Theano weights folder" + NAME_HELP)
     p.add_argument("images", nargs="+", help="JPEG/PNG files")
     p.add_argument("--data", help="the scripts/preprocess.py folder the weights were trained on: image size, resize "
                    "mode, mean image, wnids and class names")
@@ -118,6 +119,7 @@ def _normalizer(info: dict, meta: dict | None, root: Path | None, mean_file: str
 
 def predict(args: argparse.Namespace) -> list[dict]:
     """One record per image: its file and the top classes (index, wnid, name, probability)."""
+    args.weights = resolve(args.weights)  # a published set's name: its checked file in torch's hub cache
     model, info = load_weights(args.weights, args.arch, epoch=args.epoch, theano_conv=args.theano_conv)
     refuse_non_finite(model.state_dict(), args.weights)
     meta, root = _read_data(args.data)

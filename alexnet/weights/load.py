@@ -17,6 +17,7 @@ from ..checkpoint import load
 from ..models import ARCHS
 from . import caffe, checkpoint_file, state_dict, theano, torchvision
 from .common import Contents, FormatError, first_few, unwrap_state
+from .hub import resolve
 
 
 class FileFormat(NamedTuple):
@@ -56,7 +57,7 @@ def _file_format(path: str | os.PathLike, contents: Contents) -> FileFormat:
 
 def load_weights(path: str | os.PathLike, arch: str | None = None, width: float | None = None, *,
                  epoch: int | None = None, theano_conv: str | None = None) -> tuple[nn.Module, dict]:
-    """The model (eval mode, CPU) and its info dict for weights in any of FORMATS.
+    """The model (eval mode, CPU) and its info dict for weights in any of FORMATS, or named in hub.PUBLISHED.
 
     info: arch, width, crop, mean ("image" | "channel"), channel_mean, channel_std, num_classes,
     classes (list or None), source (the format); for a Theano folder also epoch and theano_conv.
@@ -67,6 +68,7 @@ def load_weights(path: str | os.PathLike, arch: str | None = None, width: float 
     """
     if arch is not None and arch not in ARCHS:
         raise FormatError(f"unknown arch {arch!r}; valid archs: {', '.join(ARCHS)}")
+    path = resolve(path)  # a published set's name: its checked file in torch's hub cache
     if theano.is_theano_folder(path):
         return theano.read_folder(path, arch, width, epoch, theano_conv or "cudnn")
     if epoch is not None or theano_conv is not None:

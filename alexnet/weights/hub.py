@@ -1,0 +1,186 @@
+"""Published weights by name: fetched once from their authors' URL into torch's hub cache, checked, reused.
+
+    python scripts/evaluate.py --data imagenet256_tv --weights torchvision
+
+Every tool that takes ``--weights`` (evaluate, predict, figures, convert_weights' source) accepts a name of
+PUBLISHED where it takes a path: a path that exists wins; a name is looked up in ``$TORCH_HOME/hub/
+checkpoints`` (``~/.cache/torch/hub/checkpoints``: where torchvision keeps ``alexnet-owt-7be5be79.pth``, so
+a file it fetched is reused), else downloaded there: into ``FILE.partial`` (resumed where a download
+stopped), with a progress bar, checked against the digest its authors published, then renamed into place.
+A file whose digest differs is never used: one line names the URL, the expected digest and where to put
+the file by hand (offline machines, too). ``ALEXNET_WEIGHTS_MIRROR=URL`` fetches ``URL/FILE`` instead of
+the authors' URL (a cluster's own mirror); the digest is checked all the same.
+
+The digests are those the authors publish: torchvision names its files by the first 8 hex digits of their
+SHA-256 and checks that prefix (``check_hash``); BVLC's model readmes give each caffemodel's SHA-1.
+"""
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import http.client
+import os
+import sys
+import urllib.error
+import urllib.request
+from dataclasses import dataclass
+from pathlib import Path
+
+from .common import FormatError
+
+CHUNK = 1 << 20
+MIRROR_ENV = "ALEXNET_WEIGHTS_MIRROR"
+
+
+@dataclass(frozen=True)
+class Published:
+    """A weight set by name: its file, where its authors serve it, and the digest they published."""
+
+    file: str
+    url: str
+    digest: str  # "sha256:HEX" or "sha1:HEX"; HEX may be a prefix of the full digest, as torchvision's
+    about: str
+
+    @property
+    def algorithm(self) -> str:
+        return self.digest.split(":", 1)[0]
+
+    @property
+    def expected(self) -> str:
+        return self.digest.split(":", 1)[1]
+
+
+PUBLISHED: dict[str, Published] = {
+    "torchvision": Published(
+        "alexnet-owt-7be5be79.pth", "https://download.pytorch.org/models/alexnet-owt-7be5be79.pth",
+        "sha256:7be5be79", "torchvision's IMAGENET1K_V1 (arch owt; evaluate on --resize torchvision data)"),
+    "bvlc_alexnet": Published(
+        "bvlc_alexnet.caffemodel", "http://dl.caffe.berkeleyvision.org/bvlc_alexnet.caffemodel",
+        "sha1:9116a64c0fbe4459d18f4bb6b56d647b63920377",
+        "BVLC's AlexNet (arch alexnet; --resize caffe data, --mean imagenet_mean.binaryproto)"),
+    "bvlc_reference_caffenet": Published(
+        "bvlc_reference_caffenet.caffemodel",
+        "http://dl.caffe.berkeleyvision.org/bvlc_reference_caffenet.caffemodel",
+        "sha1:4c8d77deb20ea792f84eb5e6d0a11ca0a8660a46",
+        "BVLC's CaffeNet (arch caffenet; --resize caffe data, --mean imagenet_mean.binaryproto)"),
+}
+
+
+# The end of every --weights help: what a name fetches.
+NAME_HELP = (f"; or a published set by name, fetched once into torch's hub cache and checked: {', '.join(PUBLISHED)}"
+             f" (docs/evaluation.md)")
+
+
+class DownloadError(OSError):
+    """A published file that could not be fetched (offline, refused, stalled, cut short): one line with the
+    URL and where to put the file by hand. An OSError: the machine's failure, not bad input (exit 1)."""
+
+
+def cache_dir() -> Path:
+    """torch.hub's checkpoint folder (``$TORCH_HOME/hub/checkpoints``), as torchvision uses it."""
+    import torch.hub
+    return Path(torch.hub.get_dir()) / "checkpoints"
+
+
+def names() -> str:
+    return ", ".join(PUBLISHED)
+
+
+def resolve(value: str | os.PathLike, progress: bool = True, timeout: float = 30.0) -> Path:
+    """The path of `value`: itself where it exists (a file or folder), else the cached or freshly fetched file
+    of the weight set it names. A bare word that is neither is refused naming the published sets."""
+    path = Path(value)
+    if path.exists() or str(value) not in PUBLISHED:
+        if not path.exists() and os.sep not in str(value) and "." not in str(value):
+            raise FormatError(f"{value}: no such file or folder, and not a published weight set ({names()})")
+        return path
+    return fetch(str(value), progress, timeout)
+
+
+def fetch(name: str, progress: bool = True, timeout: float = 30.0) -> Path:
+    """The checked file of PUBLISHED[name] in cache_dir(), downloaded (or resumed) if not there yet."""
+    entry = PUBLISHED[name]
+    dest = cache_dir() / entry.file
+    if dest.is_file():
+        _check(dest, entry, _url(entry), cached=True)
+        return dest
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    partial = dest.with_name(dest.name + ".partial")
+    url = _url(entry)
+    _download(url, partial, entry, dest, progress, timeout)
+    try:
+        _check(partial, entry, url, cached=False)
+    except FormatError:
+        partial.unlink(missing_ok=True)  # resuming cannot mend it: the next try starts again
+        raise
+    os.replace(partial, dest)
+    return dest
+
+
+def _url(entry: Published) -> str:
+    mirror = os.environ.get(MIRROR_ENV, "").strip()
+    return f"{mirror.rstrip('/')}/{entry.file}" if mirror else entry.url
+
+
+def _by_hand(url: str, entry: Published, dest: Path) -> str:
+    return f"download {url} (its {entry.algorithm} starts {entry.expected}) to {dest} by hand, or try again"
+
+
+def _download(url: str, partial: Path, entry: Published, dest: Path, progress: bool, timeout: float) -> None:
+    """`url` into `partial`, from where an earlier download stopped when the server takes a range."""
+    have = partial.stat().st_size if partial.is_file() else 0
+    request = urllib.request.Request(url, headers={"Range": f"bytes={have}-"} if have else {})
+    try:
+        with urllib.request.urlopen(request, timeout=timeout) as response:
+            if have and response.status != 206:  # the range was not honoured: the whole file comes
+                have = 0
+            length = response.headers.get("Content-Length")
+            total = have + int(length) if length is not None else None
+            with open(partial, "ab" if have else "wb") as out, _bar(total, have, entry.file, progress) as bar:
+                while chunk := response.read(CHUNK):
+                    out.write(chunk)
+                    bar.update(len(chunk))
+                out.flush()
+                os.fsync(out.fileno())
+    except urllib.error.HTTPError as e:
+        if e.code == 416 and have:  # asked for a range past the end: the partial file is complete
+            return
+        raise DownloadError(f"{url}: HTTP {e.code} {e.reason}; {_by_hand(url, entry, dest)}") from None
+    except (urllib.error.URLError, OSError, http.client.HTTPException) as e:
+        reason = getattr(e, "reason", None) or e
+        raise DownloadError(f"{url}: {reason}; the part fetched is kept in {partial} and resumed next time; "
+                            f"{_by_hand(url, entry, dest)}") from None
+    got = partial.stat().st_size
+    if total is not None and got < total:
+        raise DownloadError(f"{url}: the connection closed after {got} of {total} bytes; the part fetched is "
+                            f"kept in {partial} and resumed next time; {_by_hand(url, entry, dest)}")
+
+
+def _bar(total: int | None, initial: int, name: str, progress: bool):
+    if not progress:
+        return contextlib.nullcontext(_NoBar())
+    from tqdm import tqdm
+    return tqdm(total=total, initial=initial, unit="B", unit_scale=True, unit_divisor=1024, desc=name,
+                file=sys.stderr, dynamic_ncols=True)
+
+
+class _NoBar:
+    def update(self, n: int) -> None:
+        pass
+
+
+def digest_of(path: Path, algorithm: str) -> str:
+    h = hashlib.new(algorithm)
+    with open(path, "rb") as f:
+        while chunk := f.read(CHUNK):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def _check(path: Path, entry: Published, url: str, cached: bool) -> None:
+    got = digest_of(path, entry.algorithm)
+    if not got.startswith(entry.expected):
+        where = f"{path} (in the cache: delete it to fetch it again)" if cached else url
+        raise FormatError(f"{where}: {entry.algorithm} {got} does not start with the published "
+                          f"{entry.expected}: not the file its authors published (damaged or replaced); "
+                          f"{_by_hand(entry.url, entry, path if cached else path.with_name(entry.file))}")

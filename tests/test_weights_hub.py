@@ -1,0 +1,229 @@
+"""alexnet/weights/hub.py: published weights by name, fetched from a local HTTP server on 127.0.0.1 that serves
+generated files the way a real server fails (a good file, one cut short, a wrong one, a 404, a stalled
+connection), checked against their digest, cached in $TORCH_HOME, resumed, never used when wrong."""
+from __future__ import annotations
+
+import hashlib
+import http.server
+import json
+import threading
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from alexnet.models import build_model
+from alexnet.weights import hub
+from alexnet.weights.common import FormatError
+from tests.conftest import load_script
+
+STALL_S = 0.5  # the client's timeout in these tests; the stalled route waits longer
+
+
+class _Files(http.server.BaseHTTPRequestHandler):
+    """GET /ROUTE/NAME: `good` serves the file (with ranges), `short` half of it then closes, `wrong` other
+    bytes of the same size, `stall` a few bytes then nothing, anything else 404. Requests are logged."""
+
+    files: dict[str, bytes] = {}
+    log: list[tuple[str, str | None]] = []
+
+    def do_GET(self):  # noqa: N802 (http.server's name)
+        route, _, name = self.path.strip("/").partition("/")
+        self.log.append((self.path, self.headers.get("Range")))
+        body = self.files.get(name)
+        if body is None or route not in ("good", "short", "wrong", "stall"):
+            self.send_error(404, "Not Found")
+            return
+        if route == "wrong":
+            body = bytes(255 - b for b in body)
+        start = 0
+        rng = self.headers.get("Range")
+        if rng and route == "good":
+            start = int(rng.removeprefix("bytes=").rstrip("-"))
+            self.send_response(206)
+            self.send_header("Content-Range", f"bytes {start}-{len(body) - 1}/{len(body)}")
+        else:
+            self.send_response(200)
+        self.send_header("Content-Length", str(len(body) - start))
+        self.end_headers()
+        if route == "short":
+            self.wfile.write(body[:len(body) // 2])
+            self.wfile.flush()
+            self.close_connection = True
+            return
+        if route == "stall":
+            self.wfile.write(body[:10])
+            self.wfile.flush()
+            time.sleep(STALL_S * 4)
+            return
+        self.wfile.write(body[start:])
+
+    def log_message(self, *args):
+        pass
+
+
+@pytest.fixture
+def server():
+    _Files.files, _Files.log = {}, []
+    httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Files)
+    httpd.daemon_threads = True
+    thread = threading.Thread(target=httpd.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{httpd.server_address[1]}", _Files
+    finally:
+        httpd.shutdown()
+        httpd.server_close()
+
+
+@pytest.fixture
+def published(tmp_path, monkeypatch):
+    """An empty torch hub cache in tmp_path and a registry entry `tiny` for a file the test serves."""
+    monkeypatch.setenv("TORCH_HOME", str(tmp_path / "torch_home"))
+    monkeypatch.delenv(hub.MIRROR_ENV, raising=False)
+
+    def add(name: str, body: bytes, url: str, algorithm: str = "sha256") -> hub.Published:
+        entry = hub.Published(f"{name}-file.bin", f"{url}/{name}-file.bin",
+                              f"{algorithm}:{hashlib.new(algorithm, body).hexdigest()}", "a test file")
+        monkeypatch.setitem(hub.PUBLISHED, name, entry)
+        return entry
+    return add
+
+
+def _cached(entry: hub.Published) -> Path:
+    return hub.cache_dir() / entry.file
+
+
+def test_the_cache_is_torch_homes_hub_checkpoints_as_torchvisions(tmp_path, monkeypatch):
+    monkeypatch.setenv("TORCH_HOME", str(tmp_path))
+    assert hub.cache_dir() == tmp_path / "hub" / "checkpoints"
+
+
+def test_the_registry_names_each_file_as_its_url_and_torchvisions_digest_as_its_file_name():
+    """torchvision names a file by the first 8 hex digits of its SHA-256 (and checks them); BVLC's
+    readmes give full SHA-1s: 40 hex digits."""
+    for name, entry in hub.PUBLISHED.items():
+        assert entry.url.rsplit("/", 1)[1] == entry.file, name
+        algorithm, hexdigest = entry.digest.split(":")
+        assert algorithm in ("sha256", "sha1") and int(hexdigest, 16) >= 0, name
+    tv = hub.PUBLISHED["torchvision"]
+    assert tv.digest == "sha256:" + tv.file.removesuffix(".pth").rsplit("-", 1)[1]
+    assert all(len(hub.PUBLISHED[n].expected) == 40 for n in ("bvlc_alexnet", "bvlc_reference_caffenet"))
+
+
+def test_a_good_file_is_fetched_checked_cached_and_then_reused_offline(server, published):
+    url, files = server
+    files.files["tiny-file.bin"] = body = bytes(range(256)) * 4000  # ~1 MiB: more than one chunk
+    entry = published("tiny", body, f"{url}/good")
+    path = hub.resolve("tiny", progress=False, timeout=STALL_S * 2)
+    assert path == _cached(entry) and path.read_bytes() == body
+    assert not list(path.parent.glob("*.partial"))
+    files.files.clear()  # the server has nothing now: the cached file is used without asking it
+    assert hub.resolve("tiny", progress=False) == path and len(files.log) == 1
+
+
+def test_a_path_that_exists_wins_over_a_name_and_a_bare_unknown_word_is_refused(tmp_path, monkeypatch, published):
+    monkeypatch.chdir(tmp_path)
+    Path("torchvision").write_bytes(b"mine")
+    assert hub.resolve("torchvision") == Path("torchvision")
+    with pytest.raises(FormatError, match=r"torchvisoin: no such file or folder, and not a published weight "
+                                          r"set \(torchvision, bvlc_alexnet, bvlc_reference_caffenet"):
+        hub.resolve("torchvisoin")
+    assert hub.resolve("missing.pt") == Path("missing.pt")  # a file name: the format's own error names it
+
+
+def test_a_file_cut_short_is_kept_as_partial_and_resumed_from_where_it_stopped(server, published, monkeypatch):
+    url, files = server
+    files.files["tiny-file.bin"] = body = bytes(range(256)) * 4000
+    entry = published("tiny", body, f"{url}/short")
+    with pytest.raises(hub.DownloadError, match=rf"{url}/short/tiny-file.bin: .*{len(body) // 2} of {len(body)} "
+                                                r"bytes.*kept in .*tiny-file.bin.partial.*resumed next time"):
+        hub.resolve("tiny", progress=False)
+    partial = _cached(entry).with_name(entry.file + ".partial")
+    assert partial.read_bytes() == body[:len(body) // 2] and not _cached(entry).exists()
+    monkeypatch.setenv(hub.MIRROR_ENV, f"{url}/good")  # the same file from a mirror that takes ranges
+    assert hub.resolve("tiny", progress=False).read_bytes() == body
+    assert files.log[-1] == ("/good/tiny-file.bin", f"bytes={len(body) // 2}-")
+    assert not partial.exists()
+
+
+def test_a_wrong_file_is_refused_in_one_line_with_the_url_and_digest_and_never_used(server, published):
+    url, files = server
+    files.files["tiny-file.bin"] = body = b"weights" * 1000
+    entry = published("tiny", body, f"{url}/wrong", algorithm="sha1")
+    with pytest.raises(FormatError) as e:
+        hub.resolve("tiny", progress=False)
+    message = str(e.value)
+    assert "\n" not in message and f"{url}/wrong/tiny-file.bin" in message and entry.expected in message
+    assert str(_cached(entry)) in message  # where to put it by hand
+    assert not _cached(entry).parent.exists() or not any(_cached(entry).parent.iterdir())
+
+
+def test_a_damaged_cached_file_is_refused_naming_it(server, published):
+    url, files = server
+    files.files["tiny-file.bin"] = body = b"weights" * 1000
+    entry = published("tiny", body, f"{url}/good")
+    hub.resolve("tiny", progress=False)
+    with open(_cached(entry), "r+b") as f:
+        f.write(b"X")
+    with pytest.raises(FormatError, match=rf"{_cached(entry)} \(in the cache: delete it to fetch it again\)"):
+        hub.resolve("tiny", progress=False)
+
+
+@pytest.mark.parametrize("route, reason", [("missing", "HTTP 404"), ("stall", "timed out")])
+def test_a_404_or_a_stalled_server_is_one_line_with_the_url_and_where_to_put_the_file(server, published, route,
+                                                                                        reason):
+    url, files = server
+    files.files["tiny-file.bin"] = body = bytes(1000)
+    entry = published("tiny", body, f"{url}/{route}")
+    started = time.monotonic()
+    with pytest.raises(hub.DownloadError) as e:
+        hub.resolve("tiny", progress=False, timeout=STALL_S)
+    assert time.monotonic() - started < STALL_S * 3  # gave up at the timeout, not when the server did
+    message = str(e.value)
+    assert "\n" not in message and reason in message and f"{url}/{route}/tiny-file.bin" in message
+    assert f"to {_cached(entry)} by hand" in message
+    assert not _cached(entry).exists()
+
+
+def test_offline_is_one_line_exit_1_from_the_script(tmp_path, published, capsys):
+    """Nothing listens on the port: what an offline machine sees."""
+    import socket
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]  # closed again: connections are refused
+    published("torchvision", b"x", f"http://127.0.0.1:{port}")
+    data = tmp_path / "no_data"
+    code = load_script("evaluate").main(["--data", str(data), "--weights", "torchvision"])
+    err = capsys.readouterr().err.strip()
+    assert code == 1 and "\n" not in err and err.startswith("evaluate.py: error: http://127.0.0.1:")
+    assert "by hand" in err
+
+
+def test_evaluate_fetches_checks_caches_and_evaluates_torchvision_by_name(server, published, synth,
+                                                                         tmp_path_factory, tmp_path, capsys):
+    """`evaluate.py --data D --weights torchvision` against the local server: the same numbers as the file
+    given by its path; the second run reads the cache only."""
+    from data.preprocess import Options, preprocess
+    root, _ = synth
+    data = tmp_path_factory.mktemp("prep224")
+    preprocess(root / "train", data, root / "val", root / "LOC_val_solution.csv",
+               Options(size=224, per_file=64, train_per_class=1), workers=1, quiet=True)
+    model = build_model("owt", num_classes=4, width=0.125, crop=224, init="torch")
+    tv = tmp_path / "tv.pth"
+    torch.save(model.state_dict(), tv)
+    url, files = server
+    files.files["torchvision-file.bin"] = tv.read_bytes()
+    published("torchvision", tv.read_bytes(), f"{url}/good")
+    evaluate = load_script("evaluate").main
+    by_path, by_name, again = (tmp_path / f"{n}.json" for n in ("path", "name", "again"))
+    assert evaluate(["--data", str(data), "--weights", str(tv), "--json", str(by_path)]) == 0
+    assert evaluate(["--data", str(data), "--weights", "torchvision", "--json", str(by_name)]) == 0
+    assert len(files.log) == 1
+    files.files.clear()
+    assert evaluate(["--data", str(data), "--weights", "torchvision", "--json", str(again)]) == 0
+    results = [json.loads(p.read_text()) for p in (by_path, by_name, again)]
+    assert results[0]["n"] == 16
+    for r in results[1:]:
+        assert (r["top1_err"], r["top5_err"], r["n"]) == (results[0]["top1_err"], results[0]["top5_err"], 16)

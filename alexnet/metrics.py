@@ -64,6 +64,9 @@ class MetricsLog:
         self._drop_cut_short()
         self._file = open(self.path, "a", encoding="utf-8")
         self._tb = _tensorboard_writer(Path(run_dir) / "tb") if tensorboard else None
+        if tensorboard and self._tb is None:
+            say("note: run.tensorboard is on but tensorboard is not installed: no event files, metrics.jsonl "
+                "only (pip install tensorboard, or run.tensorboard=false to silence this)")
 
     def _drop_cut_short(self) -> None:
         try:

@@ -9,8 +9,7 @@ Our training checkpoint (arch, width, crop and normalisation come from the store
 torchvision's published AlexNet (arch owt inferred from the keys; for its published 56.5% top-1 use data
 preprocessed with `--resize torchvision --size 256`; on data of another geometry a note says so):
 
-    python -c "import torch, torchvision; torch.save(torchvision.models.alexnet(weights='IMAGENET1K_V1').state_dict(), 'alexnet_tv.pt')"
-    python scripts/evaluate.py --data imagenet256_tv --weights alexnet_tv.pt
+    python scripts/evaluate.py --data imagenet256_tv --weights torchvision   # fetched once, checked, cached
 
 A plain state_dict of our alexnet/caffenet needs `--arch alexnet` or `--arch caffenet` (same keys).
 
@@ -23,12 +22,12 @@ BVLC's Caffe models, bvlc_alexnet.caffemodel or bvlc_reference_caffenet.caffemod
 order, Caffe's LRN, crop 227; Caffe's BGR order is taken care of; BVLC's mean file, or without --mean
 Caffe's per-channel mean (B, G, R) = (104, 117, 123); data preprocessed with `--resize caffe --size 256`):
 
-    python scripts/evaluate.py --data imagenet256_caffe --weights bvlc_alexnet.caffemodel --mean imagenet_mean.binaryproto
+    python scripts/evaluate.py --data imagenet256_caffe --weights bvlc_alexnet --mean imagenet_mean.binaryproto
 
 Exit codes: 0 done, 2 bad input (missing, damaged or unreadable files, weights that do not fit the data or
 hold NaN/inf, an unwritable --json/--csv), 1 a failure of the machine (disk full), 130 Ctrl-C (nothing
 written; earlier outputs stay as they were).
-"""  # noqa: E501  (the torchvision command above is meant to be copied whole)
+"""
 from __future__ import annotations
 
 import argparse

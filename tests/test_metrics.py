@@ -103,9 +103,12 @@ def test_tensorboard_off_or_missing_writes_no_events(tmp_path, fake_tensorboard,
     log.close()
     assert fake_tensorboard == []
     monkeypatch.setitem(sys.modules, "torch.utils.tensorboard", None)  # import fails: no tensorboard
-    log = MetricsLog(tmp_path / "missing")
+    said = []
+    assert MetricsLog(tmp_path / "off_and_missing", tensorboard=False, say=said.append) and said == []
+    log = MetricsLog(tmp_path / "missing", say=said.append)
     log.write({"split": "train", "iter": 1, "loss": 1.0})
     log.close()
+    assert len(said) == 1 and "tensorboard is not installed" in said[0] and "run.tensorboard=false" in said[0]
     assert read_metrics(tmp_path / "missing" / "metrics.jsonl") == [{"split": "train", "iter": 1, "loss": 1.0}]
 
 

@@ -161,9 +161,9 @@ REQUIRED = {
     "training on 8 GPUs": lambda c: re.match(r"python train\.py configs/alexnet_8gpu_\w+\.yaml", c) is not None,
     "training on 2 hosts": lambda c: c.startswith("torchrun --nnodes=2 ") and "train.py configs/" in c,
     "evaluating a training run": evaluates("runs/"),
-    "evaluating torchvision's weights": evaluates("alexnet-owt-7be5be79.pth"),
-    "evaluating BVLC's AlexNet": evaluates("bvlc_alexnet.caffemodel"),
-    "evaluating BVLC's CaffeNet": evaluates("bvlc_reference_caffenet.caffemodel"),
+    "evaluating torchvision's weights": evaluates("torchvision"),
+    "evaluating BVLC's AlexNet": evaluates("bvlc_alexnet "),
+    "evaluating BVLC's CaffeNet": evaluates("bvlc_reference_caffenet "),
     "evaluating the Theano reproduction's weights": evaluates("parameters_releasing"),
 }
 
@@ -281,7 +281,7 @@ def test_a_missing_command_fails():
     assert missing_commands(readme.replace("torchrun --nnodes=2", "torchrun --nnodes=4")) == ["training on 2 hosts"]
     assert missing_commands(readme.replace("ILSVRC2012_devkit_t12.tar.gz", "LOC_val_solution.csv")) == \
         ["preprocessing the official ImageNet files"]
-    assert missing_commands(readme.replace("bvlc_reference_caffenet.caffemodel", "caffenet.pt")) == \
+    assert missing_commands(readme.replace("--weights bvlc_reference_caffenet ", "--weights caffenet.pt ")) == \
         ["evaluating BVLC's CaffeNet"]
     assert missing_commands(readme.replace("make test", "make check")) == ["the tests"]
     renamed = readme.replace("configs/alexnet_8gpu_fc.yaml", "configs/alexnet_8gpu.yaml")

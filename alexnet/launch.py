@@ -102,6 +102,16 @@ def _how(code: int) -> str:
     return f"exited with code {code} (its own error, printed above)"
 
 
+def replica_threads(replicas: int, environ) -> str | None:
+    """OMP_NUM_THREADS for each of `replicas` local processes, by torchrun's rule (torch.distributed.run):
+    the user's value if set, else 1 where there are several (they would oversubscribe the cores), else
+    torch's own default (None: not set). The same rule under both launchers gives the same threads per
+    process, so that train.py's replicas and torchrun's give bitwise the same run."""
+    if environ.get("OMP_NUM_THREADS"):
+        return environ["OMP_NUM_THREADS"]
+    return "1" if replicas > 1 else None
+
+
 class Launcher:
     """Start and watch the replicas of one host."""
 
@@ -111,13 +121,14 @@ class Launcher:
         os.set_blocking(write_fd, False)
         self.read_fd = read_fd
         port = free_port()
-        # Like torchrun, keep replicas from oversubscribing the cores (unless the user chose).
-        threads = os.environ.get("OMP_NUM_THREADS") or str(max(1, len(os.sched_getaffinity(0)) // replicas))
+        threads = replica_threads(replicas, os.environ)
         self.procs: list[subprocess.Popen] = []
         for rank in range(replicas):
-            env = {**os.environ, "OMP_NUM_THREADS": threads, "RANK": str(rank), "LOCAL_RANK": str(rank),
+            env = {**os.environ, "RANK": str(rank), "LOCAL_RANK": str(rank),
                    "WORLD_SIZE": str(replicas), "LOCAL_WORLD_SIZE": str(replicas), "MASTER_ADDR": "127.0.0.1",
                    "MASTER_PORT": str(port), ENV_HEARTBEAT: str(write_fd)}
+            if threads:
+                env["OMP_NUM_THREADS"] = threads
             fds = (write_fd,)
             if lock_fd is not None:  # run.dir's lock: held while any replica lives, even if we die
                 env[ENV_LOCK_FD], fds = str(lock_fd), (write_fd, lock_fd)

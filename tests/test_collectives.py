@@ -113,3 +113,31 @@ def test_a_group_of_one_gathers_nothing():
     x = torch.randn(2, 3)
     y = world.run(lambda rank: gather(x, world.comm(rank), 1))[0]
     assert y is x
+
+
+def test_bytes_sent_are_whole_bytes_by_hand_for_a_group_of_three():
+    """A ring all-reduce sends 2 (n - 1) / n of the buffer, rounded down to whole bytes: one float32 over 3
+    members is 2 x 4 x 2 // 3 = 5 bytes (not 5.33); gloo's reduce-scatter is an all-reduce of all 3 chunks
+    (2 x 12 x 2 // 3 = 16); a broadcast counts at its source only, member 0 unless told."""
+    world = SimWorld(3)
+
+    def member(rank):
+        comm = world.comm(rank)
+        comm.all_reduce(torch.ones(1))
+        reduced = comm.sent[0]
+        comm.reduce_scatter([torch.ones(1) * rank for _ in range(3)])
+        scattered = comm.sent[0] - reduced
+        t = torch.full((2,), float(rank))
+        comm.broadcast(t)
+        return reduced, scattered, comm.sent[0] - reduced - scattered, t.tolist()
+    for rank, (reduced, scattered, broadcast, t) in enumerate(world.run(member)):
+        assert (reduced, scattered) == (5, 16) and type(reduced) is int and type(scattered) is int
+        assert broadcast == (8 if rank == 0 else 0) and t == [0.0, 0.0]
+
+
+def test_bad_arguments_are_refused_in_words():
+    world = SimWorld(2)
+    with pytest.raises(ValueError, match=r"all_reduce op must be one of \('sum', 'max', 'min'\), got 'mean'"):
+        world.comm(0).all_reduce(torch.ones(1), "mean")
+    with pytest.raises(ValueError, match=r"^counts apply to a gather along the batch \(dim 0\)$"):
+        gather(torch.ones(1, 2), world.comm(0), 1, (1, 1))

@@ -352,3 +352,31 @@ def test_a_heartbeat_to_a_launcher_that_is_gone_is_no_error(monkeypatch):
         assert beat.count == 1
     finally:
         os.close(w)
+
+
+def test_threads_per_replica_follow_the_users_value_else_torchruns_rule():
+    assert launch.replica_threads(2, {"OMP_NUM_THREADS": "3"}) == "3"
+    assert launch.replica_threads(1, {"OMP_NUM_THREADS": "3"}) == "3"
+    assert launch.replica_threads(4, {"OMP_NUM_THREADS": ""}) == "1"
+    assert launch.replica_threads(2, {}) == "1"
+    assert launch.replica_threads(1, {}) is None
+
+
+@pytest.mark.processes
+@pytest.mark.parametrize("nproc", [1, 2])
+def test_the_thread_rule_is_what_torchrun_itself_gives_its_processes(tmp_path, nproc):
+    """The oracle: torch.distributed.run started on a script that records the OMP_NUM_THREADS it was given,
+    without one set by the user."""
+    import sys
+
+    from tests import children
+    script = tmp_path / "threads.py"
+    script.write_text("import os, sys\nopen(sys.argv[1] + os.environ['LOCAL_RANK'], 'w')"
+                      ".write(os.environ.get('OMP_NUM_THREADS', 'unset'))\n")
+    env = {k: v for k, v in os.environ.items() if k != "OMP_NUM_THREADS"}
+    r = children.run([sys.executable, "-m", "torch.distributed.run", "--nnodes=1", f"--nproc-per-node={nproc}",
+                      "--master-port", str(launch.free_port()), str(script), str(tmp_path / "rank")],
+                     cpu_s=60, env=env)
+    assert r.returncode == 0, r.stderr[-2000:]
+    given = {(tmp_path / f"rank{rank}").read_text() for rank in range(nproc)}
+    assert given == {launch.replica_threads(nproc, env) or "unset"}

@@ -101,3 +101,42 @@ def test_a_replica_counts_its_parameter_bytes():
     apply(cfg, {"model.width": 0.125, "data.crop": 67, "data.root": "unused", "model.init": "torch"}, "test")
     replica = Replica(cfg, DistInfo(), 4)
     assert replica.parameter_bytes() == 4 * sum(p.numel() for p in replica.model.parameters()) > 0
+
+
+def test_a_refusal_names_the_first_layer_that_does_not_divide_and_what_it_counts():
+    """fc splits the Linear layers only: with 3 parts the first it cannot split is fc6 (4096 units), not
+    conv1 (64 channels, which fc leaves whole); a last layer counts classes."""
+    with torch.device("meta"):
+        full = build_model("owt", 9, 1.0, 0.5, 224, "torch")
+    assert sharding_problem("fc", "owt", 3, full) == (
+        "parallel.model_size=3 does not divide a layer of 4096 units (Linear (4096, 9216)); choose a "
+        "model_size that divides it")
+    assert sharding_problem("fc", "owt", 2, full).startswith("parallel.model_size=2 does not divide a layer of "
+                                                              "9 classes (Linear (9, 4096))")
+
+
+def test_build_sharded_refuses_in_the_words_of_sharding_problem_and_keeps_the_lrn_form():
+    from alexnet.model_parallel import build_sharded
+    from layers import LRN
+    comm = TorchComm(None, None, 0, (0, 1))
+    with pytest.raises(ValueError, match=r"^parallel.model_size=2 does not divide a layer of 9 classes"):
+        build_sharded("owt", 9, 0.125, 0.5, 224, "torch", "inverted", "fc", comm)
+    with pytest.raises(ValueError, match=r"^model parallelism must be one of columns, fc, got 'rows'"):
+        ShardedNet(build_model("alexnet", 4, 0.125, 0.5, 67, "torch"), "rows", comm)
+    for form, divided in (("paper", False), ("caffe", True)):
+        part = build_sharded("alexnet", 4, 0.125, 0.5, 67, "torch", "inverted", "columns", comm, lrn=form)
+        lrns = [m for m in part.modules() if isinstance(m, LRN)]
+        assert lrns and all(m.divide_by_size is divided for m in lrns), form
+
+
+def test_a_split_layer_says_its_own_size():
+    """Each part's Conv2d/Linear reports the units it holds (what print(model) and the shape checks read)."""
+    with torch.device("meta"):
+        full = build_model("alexnet", 4, 0.125, 0.5, 67, "torch")
+        for mode in ("columns", "fc"):
+            part = ShardedNet(full, mode, TorchComm(None, None, 1, (0, 1)))
+            for layer in part.modules():
+                if isinstance(layer, torch.nn.Linear):
+                    assert layer.out_features == layer.weight.shape[0], mode
+                if isinstance(layer, torch.nn.Conv2d):
+                    assert (layer.out_channels, layer.in_channels // layer.groups) == layer.weight.shape[:2], mode

@@ -310,22 +310,38 @@ def synthetic_tree(root: Path) -> Tree:
     return Tree(root / "train", root / "val", {val_files[s]: w for s, w in labels.items()}, words)
 
 
+def _at_least(low: int):
+    """argparse type: an integer >= `low`."""
+    def parse(text: str) -> int:
+        n = int(text)
+        if n < low:
+            raise argparse.ArgumentTypeError(f"must be at least {low}, got {n}")
+        return n
+    parse.__name__ = f"integer >= {low}"  # argparse names the type in its error
+    return parse
+
+
 def main(argv: list[str] | None = None) -> int:
     """CLI: write a synthetic tree and print where everything is."""
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter,
                                 epilog="example: python scripts/make_synthetic.py --out demo_src --formats")
     p.add_argument("--out", required=True, help="output directory (new, empty, or an earlier synthetic tree)")
-    p.add_argument("--classes", type=int, default=10)
-    p.add_argument("--train-per-class", type=int, default=60)
-    p.add_argument("--val-per-class", type=int, default=10)
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--classes", type=_at_least(1), default=10, help="number of classes (default 10)")
+    p.add_argument("--train-per-class", type=_at_least(1), default=60, help="training images per class (default 60)")
+    p.add_argument("--val-per-class", type=_at_least(0), default=10, help="validation images per class (default 10)")
+    p.add_argument("--seed", type=_at_least(0), default=0, help="the tree is a pure function of the options and "
+                   "this seed (default 0)")
     p.add_argument("--no-quirks", action="store_true", help="write only clean RGB JPEGs")
-    p.add_argument("--val-layout", choices=("flat", "folders"), default="flat")
-    p.add_argument("--min-side", type=int, default=96)
-    p.add_argument("--max-side", type=int, default=320)
+    p.add_argument("--val-layout", choices=("flat", "folders"), default="flat", help="flat: val/<image> with "
+                   "label files, as ImageNet's val; folders: val/<wnid>/<image> (default flat)")
+    p.add_argument("--min-side", type=_at_least(16), default=96, help="the shorter side of an image is drawn "
+                   "between --min-side and --max-side pixels (default 96)")
+    p.add_argument("--max-side", type=_at_least(16), default=320, help="default 320")
     p.add_argument("--formats", action="store_true", help="also write the tree as ImageNet is distributed "
                    "(train tar of per-class tars, val tar, devkit, Hugging Face shards) under <out>/formats")
     a = p.parse_args(argv)
+    if a.min_side > a.max_side:
+        p.error(f"--min-side {a.min_side} is larger than --max-side {a.max_side}")
     if a.formats and a.val_layout != "flat":
         p.error("--formats needs the flat val layout (the devkit labels flat val images)")
     m = generate(a.out, a.classes, a.train_per_class, a.val_per_class, a.seed, not a.no_quirks,

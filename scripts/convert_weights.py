@@ -1,6 +1,8 @@
 #!/usr/bin/env python3
-"""Convert weights between the Theano reproduction's .npy folders and this repository's .pt files, and
-BVLC Caffe models (.caffemodel) to our training checkpoints.
+"""Convert weights: Theano .npy folders <-> our .pt files, and BVLC .caffemodel -> our training checkpoints.
+
+Between the Theano reproduction's .npy folders and this repository's .pt files both ways, and from BVLC
+Caffe models (.caffemodel) to our training checkpoints.
 
 The direction follows SRC: a folder is read as a Theano folder and written as a .pt file; a .caffemodel
 is written as a .pt file; another file (our checkpoint, weights file, or a caffenet state dict) is

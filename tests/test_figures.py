@@ -338,3 +338,13 @@ def test_a_figure_write_removes_what_a_killed_writer_left(tmp_path):
     live.write_bytes(b"being written")
     save_png(plt.figure(), folder / "filters.png")
     assert (folder / "filters.png").is_file() and not dead.exists() and live.exists()
+
+
+def test_class_labels_are_unique_where_first_words_repeat():
+    """ImageNet has two classes whose first word is "crane" (the bird n02012849, the machine n03126707): a
+    figure tells them apart by their wnids; a unique first word stays alone; no words: the wnid."""
+    from alexnet.figures.common import class_labels
+    meta = {"classes": ["n02012849", "n03126707", "n01440764", "n09999999"],
+            "class_names": ["crane", "crane", "tench, Tinca tinca", ""]}
+    assert class_labels(meta, 4) == ["crane (n02012849)", "crane (n03126707)", "tench", "n09999999"]
+    assert class_labels({"classes": []}, 2) == ["class 0", "class 1"]

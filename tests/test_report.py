@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import base64
 import csv
+import html
 import io
 import json
 import shutil
@@ -123,6 +124,10 @@ def test_the_page_is_self_contained_and_every_image_decodes(demo):
     for name in ("curves", "throughput", "filters", "predictions", "neighbours"):
         assert (demo / "figures" / f"{name}.png").read_bytes() in embedded, name
     assert page.pre == (demo / "config.yaml").read_text()
+    # no path of this machine outside the run's own config text: the page is for others to read
+    outside = text.replace(html.escape(page.pre), "")
+    assert str(demo.resolve().parent) not in outside and str(demo.resolve().parents[1]) not in outside
+    assert f"<h1>Run {demo.resolve().name}</h1>" in outside
 
 
 def test_the_tables_equal_evaluate_json(demo, evaluated):

@@ -57,6 +57,27 @@ def help_problems(script: str, text: str) -> list[str]:
             for flag in FLAG.findall(command) if not re.search(rf"(?<![\w-]){re.escape(flag)}(?![\w-])", rest)]
 
 
+OPTION = re.compile(r"^  (-{1,2}\w[\w-]*)")  # an option's first line in argparse's listing
+
+
+def help_gaps(script: str, text: str) -> list[str]:
+    """Options listed without a word of help, and a description whose first line stops mid-sentence."""
+    lines = text.splitlines()
+    gaps = []
+    for i, line in enumerate(lines):
+        m = OPTION.match(line)
+        if not m or re.search(r"\S\s{2,}\S", line.strip()):  # help on the same line, after the signature
+            continue
+        following = lines[i + 1] if i + 1 < len(lines) else ""
+        if not re.match(r"^\s{6,}\S", following):  # nor on the next, indented below it
+            gaps.append(f"{script}: {m.group(1)} has no help")
+    after_usage = text.split("\n\n", 1)[1] if "\n\n" in text else ""
+    first = after_usage.strip().splitlines()[0] if after_usage.strip() else ""
+    if not first.rstrip().endswith((".", ")", ":")):
+        gaps.append(f"{script}: the description's first line stops mid-sentence: {first!r}")
+    return gaps
+
+
 @pytest.mark.processes
 def test_every_user_script_help_ends_with_an_example(tmp_path):
     scripts = user_scripts()
@@ -68,6 +89,7 @@ def test_every_user_script_help_ends_with_an_example(tmp_path):
     results = json.loads(out.read_text())
     bad = [f"{s}: --help exited {results[s]['code']}" for s in scripts if results[s]["code"] != 0]
     bad += [problem for s in scripts for problem in help_problems(s, results[s]["help"])]
+    bad += [gap for s in scripts for gap in help_gaps(s, results[s]["help"])]
     assert not bad, "\n".join(bad)
 
 
@@ -82,3 +104,12 @@ def test_the_check_sees_a_missing_example_and_a_flag_the_script_lacks():
         "scripts/x.py: the example's --crops is not an option of the script"]
     assert help_problems("scripts/x.py", text + "\nexample: python scripts/x.py --data d\n") == []
     assert help_problems("scripts/x.py", "") == ["scripts/x.py: --help printed nothing"]
+
+
+def test_the_check_sees_an_option_without_help_and_a_cut_description():
+    text = ("usage: x.py [-h] --data DATA\n\nEvaluate weights and\n\noptions:\n"
+            "  -h, --help   show this help message and exit\n  --data DATA\n  --out OUT    the folder\n"
+            "  --very-long-option-name VERY_LONG_OPTION_NAME\n                        its help below\n")
+    assert help_gaps("x.py", text) == ["x.py: --data has no help",
+                                       "x.py: the description's first line stops mid-sentence: 'Evaluate weights and'"]
+    assert help_gaps("x.py", text.replace("  --data DATA\n", "  --data DATA  the data\n").replace(" and", ".")) == []

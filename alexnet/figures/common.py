@@ -36,14 +36,17 @@ def save_png(fig: Figure, out: str | os.PathLike, dpi: int = DPI) -> Path:
 
 
 def class_labels(meta: dict, num_classes: int) -> list[str]:
-    """A short name per class: the first of its words (meta.json's class_names), else its wnid, else
-    'class i'."""
+    """A short name per class, unique: the first of its words (meta.json's class_names), else its wnid, else
+    'class i'; a first word that several classes share (ImageNet's two "crane"s, the bird and the machine;
+    its two "maillot"s) is followed by each one's wnid."""
     wnids, words = class_words(meta)
     out = []
     for i in range(num_classes):
         word = words[i].split(",")[0].strip() if i < len(words) else ""
         out.append(word or (wnids[i] if i < len(wnids) else "") or f"class {i}")
-    return out
+    shared = {name for name in out if out.count(name) > 1}
+    return [f"{name} ({wnids[i] if i < len(wnids) else f'class {i}'})" if name in shared else name
+            for i, name in enumerate(out)]
 
 
 def seeded_choice(total: int, count: int, seed: int, stream: int) -> np.ndarray:

@@ -154,10 +154,12 @@ def write_report(run: Run, prep: Prepared, out: str | os.PathLike, opts: FigureO
 
 def _page(run: Run, record: dict, images: dict[str, Path]) -> str:
     ev = record["evaluation"]
-    head = (f"<h1>Run {_e(str(run.root))}</h1><p>{_e(str(run.root.resolve()))} &middot; generated "
+    # Folder names only: a page is shared, and the machine's paths are not the reader's (config.yaml below
+    # is the run's own text, as its author wrote it).
+    head = (f"<h1>Run {_e(run.root.resolve().name)}</h1><p>generated "
             f"{time.strftime('%Y-%m-%d %H:%M:%S')} &middot; best checkpoint {_e(run.best.name)}: validation top-1 "
             f"error {_pct(ev['top1_err'])}, top-5 error {_pct(ev['top5_err'])} on {ev['n']} images "
-            f"(center crop) of {_e(record['data'])}</p>")
+            f"(center crop) of {_e(Path(record['data']).resolve().name)}</p>")
     parts = [head, "<h2>Learning curves</h2>", _img(images["curves"], "learning curves"),
              "<h2>Throughput</h2>", _img(images["throughput"], "throughput"),
              "<h2>Checkpoints</h2>", _checkpoint_table(record["checkpoints"])]

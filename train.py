@@ -35,6 +35,7 @@ from alexnet.preflight import check_run
 from alexnet.rundir import ENV_LOCK_FD, hold, lock_holder_here
 from alexnet.trainer import NonFiniteLoss, StopFlag, Trainer
 from data.batchfile import BatchFileError
+from data.domains import OneLineParser
 from data.fsutil import os_error_exit_code, os_error_message
 from data.layouts import DataError
 from data.procs import die_with_parent
@@ -42,7 +43,7 @@ from data.slot_loader import LoaderError
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0],
+    p = OneLineParser(description=__doc__.splitlines()[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter,
                                 epilog="Overrides: section.key=value, e.g. train.epochs=10 data.root=DIR\n\n"
                                        "example: python train.py configs/alexnet_1gpu.yaml data.root=imagenet256")

@@ -4,7 +4,6 @@ one mapping of errors to exit codes (2 bad input, the operating system's verdict
 away, a hung-up terminal) is not an error."""
 from __future__ import annotations
 
-import argparse
 import contextlib
 import errno
 import os
@@ -12,9 +11,10 @@ import signal
 import sys
 import threading
 from collections.abc import Callable, Iterator
-from typing import Any, NoReturn, TextIO, TypeVar
+from typing import Any, TextIO, TypeVar
 
 from data.batchfile import BatchFileError
+from data.domains import COUNT, OneLineParser  # noqa: F401 (re-exported: the scripts' parser)
 from data.fsutil import os_error_exit_code, os_error_message
 
 T = TypeVar("T")
@@ -26,20 +26,7 @@ _GONE = {errno.EPIPE, errno.EBADF, errno.EIO}
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGHUP)
 
 
-def positive(text: str) -> int:
-    """argparse type: an integer >= 1."""
-    n = int(text)
-    if n < 1:
-        raise argparse.ArgumentTypeError(f"must be positive, got {n}")
-    return n
-
-
-class OneLineParser(argparse.ArgumentParser):
-    """An ArgumentParser whose usage errors (a bad value, a missing argument) are one line, `prog: error:
-    ...`, exit 2, as the tools' other errors; --help still prints the usage."""
-
-    def error(self, message: str) -> NoReturn:
-        self.exit(2, f"{self.prog}: error: {message} (see --help)\n")
+positive = COUNT  # argparse type: an integer >= 1 (data/domains.py declares every numeric option's domain)
 
 
 class Stopped(KeyboardInterrupt):

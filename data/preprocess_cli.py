@@ -9,6 +9,8 @@ import sys
 from concurrent.futures.process import BrokenProcessPool
 from pathlib import Path
 
+from data.domains import COUNT, NON_NEGATIVE, POSITIVE, OneLineParser
+
 from .archives import ArchiveError
 from .decode import RESIZE_MODES
 from .fsutil import os_error_exit_code, os_error_message
@@ -17,7 +19,7 @@ from .preprocess import Options, preprocess
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
+    p = OneLineParser(
         prog="preprocess.py", description="Preprocess ImageNet (folders or the archives as downloaded) into "
         "batch files, a mean image, meta.json and report.json.",
         formatter_class=argparse.RawDescriptionHelpFormatter,
@@ -38,19 +40,19 @@ def build_parser() -> argparse.ArgumentParser:
                    "beside a Kaggle CSV, when given")
     p.add_argument("--classes", metavar="N|FILE", help="a subset: N classes chosen with --seed, or the wnids "
                    "listed in FILE; labels 0..N-1 in sorted-wnid order, val restricted to them")
-    p.add_argument("--train-per-class", type=int, metavar="K", help="at most K training images per class "
+    p.add_argument("--train-per-class", type=COUNT, metavar="K", help="at most K training images per class "
                    "(the first K by name)")
     p.add_argument("--out", required=True, help="output folder")
-    p.add_argument("--size", type=int, default=256, help="output side in pixels (default 256)")
-    p.add_argument("--per-file", type=int, default=256, help="images per batch file (default 256)")
+    p.add_argument("--size", type=COUNT, default=256, help="output side in pixels (default 256)")
+    p.add_argument("--per-file", type=COUNT, default=256, help="images per batch file (default 256)")
     p.add_argument("--resize", choices=RESIZE_MODES, default="short",
                    help="short: shorter side to --size then central crop (default); warp: straight resize "
                         "(the Theano weights); caffe: straight resize as OpenCV's cv2.resize (BVLC's Caffe "
                         "weights); torchvision: Resize(--size), window for CenterCrop(224) (torchvision's "
                         "weights). caffe and torchvision decode at full size (slower)")
-    p.add_argument("--seed", type=int, default=1, help="seed of the training-order shuffle (default 1)")
-    p.add_argument("--workers", type=int, default=None, help="worker processes (default: all cores)")
-    p.add_argument("--shard-memory", type=_positive_float, metavar="GIB", help="gzip shards: GiB of compressed "
+    p.add_argument("--seed", type=NON_NEGATIVE, default=1, help="seed of the training-order shuffle (default 1)")
+    p.add_argument("--workers", type=COUNT, default=None, help="worker processes (default: all cores)")
+    p.add_argument("--shard-memory", type=POSITIVE, metavar="GIB", help="gzip shards: GiB of compressed "
                    "images held per streaming pass (default: half the available memory)")
     p.add_argument("--allow-empty-classes", action="store_true", help="keep a class folder without images as a "
                    "class (no training image teaches it); by default such a folder is an error")
@@ -58,13 +60,6 @@ def build_parser() -> argparse.ArgumentParser:
                    "named like a split (train, val, test); by default either is taken for a layout mistake")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     return p
-
-
-def _positive_float(text: str) -> float:
-    value = float(text)
-    if not value > 0 or value == float("inf"):
-        raise argparse.ArgumentTypeError(f"must be a positive number, got {text}")
-    return value
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -15,6 +15,7 @@ import numpy as np
 from PIL import Image, ImageDraw
 
 from .distributions import Tree, write_formats
+from .domains import OneLineParser, at_least
 
 VERSION = 1
 JPEG_QUALITY = 90
@@ -310,33 +311,22 @@ def synthetic_tree(root: Path) -> Tree:
     return Tree(root / "train", root / "val", {val_files[s]: w for s, w in labels.items()}, words)
 
 
-def _at_least(low: int):
-    """argparse type: an integer >= `low`."""
-    def parse(text: str) -> int:
-        n = int(text)
-        if n < low:
-            raise argparse.ArgumentTypeError(f"must be at least {low}, got {n}")
-        return n
-    parse.__name__ = f"integer >= {low}"  # argparse names the type in its error
-    return parse
-
-
 def main(argv: list[str] | None = None) -> int:
     """CLI: write a synthetic tree and print where everything is."""
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter,
+    p = OneLineParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter,
                                 epilog="example: python scripts/make_synthetic.py --out demo_src --formats")
     p.add_argument("--out", required=True, help="output directory (new, empty, or an earlier synthetic tree)")
-    p.add_argument("--classes", type=_at_least(1), default=10, help="number of classes (default 10)")
-    p.add_argument("--train-per-class", type=_at_least(1), default=60, help="training images per class (default 60)")
-    p.add_argument("--val-per-class", type=_at_least(0), default=10, help="validation images per class (default 10)")
-    p.add_argument("--seed", type=_at_least(0), default=0, help="the tree is a pure function of the options and "
+    p.add_argument("--classes", type=at_least(1), default=10, help="number of classes (default 10)")
+    p.add_argument("--train-per-class", type=at_least(1), default=60, help="training images per class (default 60)")
+    p.add_argument("--val-per-class", type=at_least(0), default=10, help="validation images per class (default 10)")
+    p.add_argument("--seed", type=at_least(0), default=0, help="the tree is a pure function of the options and "
                    "this seed (default 0)")
     p.add_argument("--no-quirks", action="store_true", help="write only clean RGB JPEGs")
     p.add_argument("--val-layout", choices=("flat", "folders"), default="flat", help="flat: val/<image> with "
                    "label files, as ImageNet's val; folders: val/<wnid>/<image> (default flat)")
-    p.add_argument("--min-side", type=_at_least(16), default=96, help="the shorter side of an image is drawn "
+    p.add_argument("--min-side", type=at_least(16), default=96, help="the shorter side of an image is drawn "
                    "between --min-side and --max-side pixels (default 96)")
-    p.add_argument("--max-side", type=_at_least(16), default=320, help="default 320")
+    p.add_argument("--max-side", type=at_least(16), default=320, help="default 320")
     p.add_argument("--formats", action="store_true", help="also write the tree as ImageNet is distributed "
                    "(train tar of per-class tars, val tar, devkit, Hugging Face shards) under <out>/formats")
     a = p.parse_args(argv)

@@ -32,6 +32,7 @@ from .batchfile import (
     read_file_attrs,
     write_batch_file,
 )
+from .domains import COUNT, OneLineParser
 from .layouts import DataError
 from .preprocess import SPLITS, exclusive
 from .procs import die_with_parent
@@ -172,12 +173,12 @@ def _version_or_old(path: Path) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="upgrade_data.py", description=__doc__.splitlines()[0],
+    p = OneLineParser(prog="upgrade_data.py", description=__doc__.splitlines()[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter,
                                 epilog="Re-run the same command to resume an interrupted run.\n\n"
                                        "example: python scripts/upgrade_data.py imagenet256")
     p.add_argument("root", help="a folder written by scripts/preprocess.py")
-    p.add_argument("--workers", type=int, default=None,
+    p.add_argument("--workers", type=COUNT, default=None,
                    help="processes converting files in parallel (default: all cores)")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     args = p.parse_args(argv)

@@ -27,12 +27,13 @@ from bench import checkpoint, exchange, large_batch, loading, parallel, preproce
 from bench.common import report  # noqa: E402
 
 from alexnet.cli import protect_streams  # noqa: E402
+from data.domains import OneLineParser  # noqa: E402
 
 BENCHMARKS = (preprocess, train, loading, read, exchange, checkpoint, parallel, large_batch)  # the order of --help
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0],
+    p = OneLineParser(description=__doc__.splitlines()[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter,
                                 epilog="Each subcommand's --help lists its options; every one takes --json FILE "
                                        "(the results as JSON too).\n\n"

@@ -54,20 +54,21 @@ from alexnet.weights.convert import caffe_checkpoint, theano_checkpoint, to_thea
 from alexnet.weights.hub import resolve  # noqa: E402
 from alexnet.weights.theano import read_theano, write_theano  # noqa: E402
 from alexnet.weights.theano_layout import THEANO_CONVS  # noqa: E402
+from data.domains import NON_NEGATIVE, POSITIVE, OneLineParser  # noqa: E402
 
 # --help's last line
 EXAMPLE = "python scripts/convert_weights.py bvlc_alexnet.caffemodel bvlc_alexnet.pt"
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0],
+    p = OneLineParser(description=__doc__.splitlines()[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter,
                                 epilog="\n".join(__doc__.splitlines()[2:]) + f"\n\nexample: {EXAMPLE}")
     p.add_argument("src", help="a Theano weights folder, a BVLC .caffemodel, or our .pt checkpoint / weights / "
                    "caffenet state_dict; or a published set by name, fetched and checked (bvlc_alexnet, "
                    "bvlc_reference_caffenet)")
     p.add_argument("dst", help="the .pt file to write (from a folder), or the Theano folder to write into")
-    p.add_argument("--epoch", type=int, help="folder -> .pt: the epoch to read (default: the highest); "
+    p.add_argument("--epoch", type=NON_NEGATIVE, help="folder -> .pt: the epoch to read (default: the highest); "
                    ".pt -> folder: the epoch to write as (default: the checkpoint's completed epochs)")
     p.add_argument("--theano-conv", choices=THEANO_CONVS, default="cudnn", help="the Theano run's lib_conv "
                    "(default cudnn: kernels flipped)")
@@ -78,7 +79,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                    "velocities (mom_*) and lr_E.npy, for train.py run.resume_from=")
     p.add_argument("--arch", choices=ARCHS, help=".pt -> folder: the arch of a plain state_dict (only caffenet "
                    "exports); .caffemodel: the arch it must hold (default: inferred)")
-    p.add_argument("--lr", type=float, help=".pt -> folder: the lr to write as lr_E.npy (default: the "
+    p.add_argument("--lr", type=POSITIVE, help=".pt -> folder: the lr to write as lr_E.npy (default: the "
                    "checkpoint's lr for the next epoch)")
     p.add_argument("--force", action="store_true", help="replace existing output files")
     return p.parse_args(argv)

@@ -43,6 +43,7 @@ from alexnet.models import ARCHS  # noqa: E402
 from alexnet.weights.hub import NAME_HELP  # noqa: E402
 from alexnet.weights.theano_layout import THEANO_CONVS  # noqa: E402
 from data.batchfile import atomic_write_json  # noqa: E402
+from data.domains import OneLineParser  # noqa: E402
 from data.fsutil import check_writable  # noqa: E402
 
 # --help's last line
@@ -50,7 +51,7 @@ EXAMPLE = "python scripts/evaluate.py --data imagenet256 --weights runs/alexnet_
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0],
+    p = OneLineParser(description=__doc__.splitlines()[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter,
                                 epilog="\n".join(__doc__.splitlines()[2:]) + f"\n\nexample: {EXAMPLE}")
     p.add_argument("--data", required=True, help="a scripts/preprocess.py output folder")

@@ -34,13 +34,14 @@ from alexnet.figures.make import FIGURES, FigureOptions, make_figures  # noqa: E
 from alexnet.models import ARCHS  # noqa: E402
 from alexnet.weights.hub import NAME_HELP, resolve  # noqa: E402
 from alexnet.weights.theano_layout import THEANO_CONVS  # noqa: E402
+from data.domains import NON_NEGATIVE, OneLineParser  # noqa: E402
 
 # --help's last line
 EXAMPLE = "python scripts/figures.py --weights demo/run/checkpoints/best.pt --data demo/data --out demo/run/figures"
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0],
+    p = OneLineParser(description=__doc__.splitlines()[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter,
                                 epilog="\n".join(__doc__.splitlines()[2:]) + f"\n\nexample: {EXAMPLE}")
     p.add_argument("--weights", required=True, help="checkpoint (.pt), state_dict file, a Theano weights folder, or a "
@@ -60,7 +61,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                    "(default 6)")
     p.add_argument("--train-images", type=positive, default=2000, help="neighbours: the seeded subset of training "
                    "images searched (default 2000; all if fewer)")
-    p.add_argument("--seed", type=int, default=0, help="seeds the choice of images (default 0)")
+    p.add_argument("--seed", type=NON_NEGATIVE, default=0, help="seeds the choice of images (default 0)")
     p.add_argument("--crops", type=int, choices=(1, 10), default=1, help="predictions: 1 (center) or 10 crops")
     p.add_argument("--batch-size", type=positive, default=100, help="images per forward pass (default 100)")
     p.add_argument("--device", default="auto", help="auto (cuda if present) | cpu | cuda | cuda:N")

@@ -19,6 +19,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from alexnet.cli import interrupt_code, protect_streams, stopping_on_signals  # noqa: E402
 from alexnet.metrics import read_metrics  # noqa: E402
+from data.domains import OneLineParser  # noqa: E402
 
 # (seconds per unit, axis label): the largest unit in which the longest run spans at least 2 units.
 _TIME_UNITS = ((3600.0, "hours"), (60.0, "minutes"), (1.0, "seconds"))
@@ -30,7 +31,7 @@ class PlotError(ValueError):
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0],
+    p = OneLineParser(description=__doc__.splitlines()[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter,
                                 epilog="example: python scripts/plot.py runs/1gpu runs/2gpu --out compare.png")
     p.add_argument("runs", nargs="+", metavar="RUN_DIR", help="run directories (run.dir of train.py)")

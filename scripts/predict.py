@@ -38,6 +38,7 @@ from data.augment import Normalizer  # noqa: E402
 from data.batchfile import atomic_write_json  # noqa: E402
 from data.classnames import read_class_names  # noqa: E402
 from data.decode import RESIZE_MODES, load_image  # noqa: E402
+from data.domains import NON_NEGATIVE  # noqa: E402
 from data.fsutil import check_writable  # noqa: E402
 from data.meta import read_mean, read_meta  # noqa: E402
 
@@ -57,7 +58,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                    "devkit; without wnids from the weights or --data, a file of exactly as many wnids as the "
                    "model has classes numbers them in sorted order")
     p.add_argument("--arch", choices=ARCHS, help="needed only for plain alexnet/caffenet state dicts")
-    p.add_argument("--epoch", type=int, help="Theano folder: the epoch to load (default: the highest)")
+    p.add_argument("--epoch", type=NON_NEGATIVE, help="Theano folder: the epoch to load (default: the highest)")
     p.add_argument("--theano-conv", choices=("cudnn", "cudaconvnet"), help="Theano folder: its lib_conv")
     p.add_argument("--mean", help="a mean image .npy, (3, S, S) or (S, S, 3), for weights normalised by a mean image")
     p.add_argument("--size", type=positive, help="decoded side (default: --data's image size, else 256)")

@@ -27,13 +27,14 @@ from alexnet.distributed import pick_device  # noqa: E402
 from alexnet.evaluation import prepare  # noqa: E402
 from alexnet.figures.make import FigureOptions  # noqa: E402
 from alexnet.figures.report import data_root, read_run, write_report  # noqa: E402
+from data.domains import NON_NEGATIVE, OneLineParser  # noqa: E402
 
 # --help's last line
 EXAMPLE = "python scripts/report.py runs/alexnet_1gpu --data imagenet256"
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0],
+    p = OneLineParser(description=__doc__.splitlines()[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter,
                                 epilog="\n".join(__doc__.splitlines()[2:]) + f"\n\nexample: {EXAMPLE}")
     p.add_argument("run", metavar="RUN_DIR", help="a run directory of train.py (run.dir)")
@@ -41,7 +42,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--out", help="the page (default RUN_DIR/report.html)")
     p.add_argument("--train-images", type=positive, default=2000, help="neighbours figure: the seeded subset of "
                    "training images searched (default 2000)")
-    p.add_argument("--seed", type=int, default=0, help="seeds the choice of images in the figures (default 0)")
+    p.add_argument("--seed", type=NON_NEGATIVE, default=0, help="seeds the choice of images in the figures (default 0)")
     p.add_argument("--batch-size", type=positive, default=100, help="images per forward pass (default 100)")
     p.add_argument("--device", default="auto", help="auto (cuda if present) | cpu | cuda | cuda:N")
     p.add_argument("--no-progress", action="store_true", help="no progress bars")

@@ -154,10 +154,12 @@ def test_preprocess_negative_seed_writes_nothing(synth, tmp_path):
     base = ["scripts/preprocess.py", "--train-dir", str(root / "train"), "--out", str(tmp_path / "out"),
             "--size", "32", "--per-file", "64", "--workers", "1", "--quiet"]
     r = run_script(*base, "--seed", "-1")
-    assert r.returncode == 2 and _one_line(r.stderr) == "preprocess: error: --seed must not be negative (got -1)"
+    assert r.returncode == 2 and _one_line(r.stderr) == (
+        "preprocess.py: error: argument --seed: must be an integer >= 0, got -1 (see --help)")
     assert not (tmp_path / "out").exists()
     r = run_script(*base, "--workers", "-3")
-    assert r.returncode == 2 and _one_line(r.stderr) == "preprocess: error: --workers must be positive (got -3)"
+    assert r.returncode == 2 and _one_line(r.stderr) == (
+        "preprocess.py: error: argument --workers: must be an integer >= 1, got -3 (see --help)")
     r = run_script(*base, "--seed", "2")  # the corrected command runs
     assert r.returncode == 0, r.stderr
     assert json.loads((tmp_path / "out" / "meta.json").read_text())["seed"] == 2

@@ -88,7 +88,7 @@ def test_predict_top_must_be_positive_in_one_line(capsys, owt, image):
         load_script("predict").main([owt, image, "--top", "0"])
     assert e.value.code == 2
     err = one_line(capsys.readouterr().err)  # prog: sys.argv[0], pytest's in-process
-    assert err.endswith(": error: argument --top: must be positive, got 0 (see --help)"), err
+    assert err.endswith(": error: argument --top: must be an integer >= 1, got 0 (see --help)"), err
 
 
 def test_predict_ctrl_c_exits_130_in_one_line(tmp_path, capsys, owt, image, monkeypatch):

@@ -8,6 +8,8 @@ import statistics
 import tempfile
 import time
 
+from data.domains import COUNT
+
 from .common import add_model_args, default_crop, device_name, subcommand
 
 
@@ -16,7 +18,7 @@ def add_parser(sub):
     add_model_args(p)
     p.add_argument("--device", default="auto")
     p.add_argument("--dir", help="where to write (default: the temp folder); e.g. the run's file system")
-    p.add_argument("--repeat", type=int, default=3)
+    p.add_argument("--repeat", type=COUNT, default=3)
     return p
 
 

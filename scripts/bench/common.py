@@ -10,6 +10,8 @@ import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
+from data.domains import COUNT, NON_NEGATIVE, POSITIVE
+
 REPO = Path(__file__).resolve().parents[2]
 ARCHS = ("alexnet", "caffenet", "owt")
 
@@ -28,17 +30,17 @@ def subcommand(sub, name: str, summary: str, run: Callable[[argparse.Namespace],
 def add_model_args(p: argparse.ArgumentParser, crop: bool = False) -> None:
     """--arch and --width (and --crop) of the model a benchmark builds."""
     p.add_argument("--arch", default="alexnet", choices=ARCHS)
-    p.add_argument("--width", type=float, default=1.0)
+    p.add_argument("--width", type=POSITIVE, default=1.0)
     if crop:
-        p.add_argument("--crop", type=int, default=0, help="default: 227 (224 for owt)")
+        p.add_argument("--crop", type=NON_NEGATIVE, default=0, help="default: 227 (224 for owt)")
 
 
 def add_timing_args(p: argparse.ArgumentParser, steps: int = 20, warmup: int = 5, repeat: int = 3) -> None:
     """--device, and --steps timed --repeat times after --warmup steps."""
     p.add_argument("--device", default="auto")
-    p.add_argument("--steps", type=int, default=steps, help="timed steps per repeat")
-    p.add_argument("--warmup", type=int, default=warmup)
-    p.add_argument("--repeat", type=int, default=repeat)
+    p.add_argument("--steps", type=COUNT, default=steps, help="timed steps per repeat")
+    p.add_argument("--warmup", type=NON_NEGATIVE, default=warmup)
+    p.add_argument("--repeat", type=COUNT, default=repeat)
 
 
 def default_crop(arch: str, crop: int = 0) -> int:

@@ -12,6 +12,8 @@ import sys
 import tempfile
 from pathlib import Path
 
+from data.domains import COUNT, NON_NEGATIVE
+
 from .common import REPO, add_model_args, default_crop, device_name, join_as, run_workers, subcommand, timed_steps
 from .workload import constant_batch_step, make_random_dataset
 
@@ -19,14 +21,14 @@ from .workload import constant_batch_step, make_random_dataset
 def add_parser(sub):
     p = subcommand(sub, "exchange", "weights exchange and gradient all-reduce time vs step time", run,
                    tables=(("table1", "Table 1 layout (time per 20 iterations)"),))
-    p.add_argument("--replicas", type=int, default=2)
+    p.add_argument("--replicas", type=COUNT, default=2)
     p.add_argument("--devices", nargs="*", default=None, help="e.g. cuda:0 cuda:1 (default: cuda, else cpu)")
     add_model_args(p)
-    p.add_argument("--batch-size", type=int, default=128, help="per replica (the paper: 128 on each of 2)")
-    p.add_argument("--warmup", type=int, default=2)
-    p.add_argument("--repeat", type=int, default=5)
+    p.add_argument("--batch-size", type=COUNT, default=128, help="per replica (the paper: 128 on each of 2)")
+    p.add_argument("--warmup", type=NON_NEGATIVE, default=2)
+    p.add_argument("--repeat", type=COUNT, default=5)
     p.add_argument("--table1", action="store_true", help="also 1 vs 2 replicas x loading yes/no via train.py")
-    p.add_argument("--table1-steps", type=int, default=20, help="iterations per timed window")
+    p.add_argument("--table1-steps", type=COUNT, default=20, help="iterations per timed window")
     return p
 
 

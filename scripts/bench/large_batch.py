@@ -35,6 +35,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from data.domains import COUNT, NON_NEGATIVE, NON_NEGATIVE_FLOAT, POSITIVE
+
 from .common import REPO, cpu_name, subcommand
 
 ARCHS = ("alexnet", "alexnet_bn")
@@ -56,30 +58,31 @@ def add_parser(sub):
                                         "(means over the seeds)"),
                                 ("sweep", "the sweep at 16 x B (one seed; every point)")))
     p.add_argument("--archs", nargs="+", default=list(ARCHS), choices=ARCHS)
-    p.add_argument("--classes", type=int, default=20)
-    p.add_argument("--train-per-class", type=int, default=160)
-    p.add_argument("--val-per-class", type=int, default=40)
-    p.add_argument("--size", type=int, default=72, help="preprocessed image side")
-    p.add_argument("--crop", type=int, default=67, help="training and validation crop (alexnet's smallest: 67)")
-    p.add_argument("--width", type=float, default=0.25)
-    p.add_argument("--epochs", type=int, default=10)
-    p.add_argument("--batch", type=int, default=16, help="the small batch B")
-    p.add_argument("--scale", type=int, default=16, help="the large batch is scale x B")
-    p.add_argument("--warmup", type=float, default=2.0, help="warmup epochs at scale x B (every optimizer)")
-    p.add_argument("--sgd-factors", type=float, nargs="+", default=[1.0, 0.5],
+    p.add_argument("--classes", type=COUNT, default=20)
+    p.add_argument("--train-per-class", type=COUNT, default=160)
+    p.add_argument("--val-per-class", type=COUNT, default=40)
+    p.add_argument("--size", type=COUNT, default=72, help="preprocessed image side")
+    p.add_argument("--crop", type=COUNT, default=67, help="training and validation crop (alexnet's smallest: 67)")
+    p.add_argument("--width", type=POSITIVE, default=0.25)
+    p.add_argument("--epochs", type=COUNT, default=10)
+    p.add_argument("--batch", type=COUNT, default=16, help="the small batch B")
+    p.add_argument("--scale", type=COUNT, default=16, help="the large batch is scale x B")
+    p.add_argument("--warmup", type=NON_NEGATIVE_FLOAT, default=2.0,
+                   help="warmup epochs at scale x B (every optimizer)")
+    p.add_argument("--sgd-factors", type=POSITIVE, nargs="+", default=[1.0, 0.5],
                    help="SGD at scale x B: these fractions of the linearly scaled lr")
     p.add_argument("--lr", nargs=3, action="append", metavar=("ARCH", "OPTIMIZER", "LR"), default=[],
                    help="replace a MAIN_LRS entry (sgd: its lr at B)")
-    p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    p.add_argument("--seeds", type=NON_NEGATIVE, nargs="+", default=[0, 1, 2])
     p.add_argument("--sweep", action=argparse.BooleanOptionalAction, default=True,
                    help="also the one-seed sweep at scale x B (--sweep-* lists)")
-    p.add_argument("--sweep-lars", type=float, nargs="*", default=SWEEP["lars"], help="LARS global lrs")
-    p.add_argument("--sweep-lamb", type=float, nargs="*", default=SWEEP["lamb"], help="LAMB global lrs")
-    p.add_argument("--sweep-sgd", type=float, nargs="*", default=SWEEP["sgd"],
+    p.add_argument("--sweep-lars", type=POSITIVE, nargs="*", default=SWEEP["lars"], help="LARS global lrs")
+    p.add_argument("--sweep-lamb", type=POSITIVE, nargs="*", default=SWEEP["lamb"], help="LAMB global lrs")
+    p.add_argument("--sweep-sgd", type=POSITIVE, nargs="*", default=SWEEP["sgd"],
                    help="SGD lrs at B (x scale at scale x B)")
-    p.add_argument("--sweep-lars-warmup", type=float, nargs="*", default=SWEEP["lars_warmup"],
+    p.add_argument("--sweep-lars-warmup", type=POSITIVE, nargs="*", default=SWEEP["lars_warmup"],
                    help="LARS warmup epochs")
-    p.add_argument("--jobs", type=int, default=len(os.sched_getaffinity(0)), help="train.py runs at a time")
+    p.add_argument("--jobs", type=COUNT, default=len(os.sched_getaffinity(0)), help="train.py runs at a time")
     p.add_argument("--data", help="a preprocessed folder to use (default: generated in a temporary folder)")
     p.add_argument("--keep", help="keep the data and the run directories here (default: a temporary folder)")
     p.add_argument("--quick", action="store_true", help="seconds-long smoke settings: 3 classes, width 0.125, "

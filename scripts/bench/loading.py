@@ -12,6 +12,8 @@ import json
 import tempfile
 from pathlib import Path
 
+from data.domains import COUNT
+
 from .common import add_model_args, add_timing_args, default_crop, device_name, subcommand, timed_steps
 from .workload import constant_batch_step, make_random_dataset, trainer_step
 
@@ -21,12 +23,12 @@ FULL_BATCH, FULL_SIZE, FULL_CROP = 256, 256, 227
 def add_parser(sub):
     p = subcommand(sub, "loading", "parallel loading yes/no: process, thread, inline vs a constant batch", run)
     add_model_args(p, crop=True)
-    p.add_argument("--batch-size", type=int, default=256)
+    p.add_argument("--batch-size", type=COUNT, default=256)
     p.add_argument("--precision", default="fp32", choices=("fp32", "tf32", "bf16"))
     p.add_argument("--channels-last", action="store_true")
-    p.add_argument("--slots", type=int, default=3)
+    p.add_argument("--slots", type=COUNT, default=3)
     p.add_argument("--data", help="a preprocessed folder (default: random batch files in a temp folder)")
-    p.add_argument("--files-per-epoch", type=int, default=8, help="random dataset size, in batches")
+    p.add_argument("--files-per-epoch", type=COUNT, default=8, help="random dataset size, in batches")
     p.add_argument("--cpu-full-size", action=argparse.BooleanOptionalAction, default=True,
                    help="add the row: loader process alone on the CPU, 227 crops of 256px, batch 256")
     add_timing_args(p)

@@ -16,6 +16,8 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
+from data.domains import COUNT, NON_NEGATIVE, POSITIVE
+
 from .common import join_as, run_workers, subcommand, timed_steps
 
 # name, replicas R, model size M, model parallelism, as Yadan et al.'s Table 1 plus fc-parallel.
@@ -200,14 +202,14 @@ def add_parser(sub):
     p = subcommand(sub, "parallel", "Yadan et al.'s Table 1 layouts (model, data, hybrid, fc) + cost model", run,
                    tables=(("cost_model", "cost model (full-size AlexNet, global batch 256; a model, not a "
                                           "measurement)"),))
-    p.add_argument("--batch-size", type=int, default=256, help="global batch (default 256)")
-    p.add_argument("--width", type=float, default=1.0)
+    p.add_argument("--batch-size", type=COUNT, default=256, help="global batch (default 256)")
+    p.add_argument("--width", type=POSITIVE, default=1.0)
     p.add_argument("--precision", default="fp32", choices=("fp32", "tf32", "bf16"))
     p.add_argument("--device", default="auto", help="auto (every GPU present, else the CPU) | cpu")
-    p.add_argument("--steps", type=int, default=3)
-    p.add_argument("--warmup", type=int, default=1)
-    p.add_argument("--repeat", type=int, default=1)
-    p.add_argument("--step-ms", type=float, default=1640.0,
+    p.add_argument("--steps", type=COUNT, default=3)
+    p.add_argument("--warmup", type=NON_NEGATIVE, default=1)
+    p.add_argument("--repeat", type=COUNT, default=1)
+    p.add_argument("--step-ms", type=POSITIVE, default=1640.0,
                    help="the step time the cost model compares against (default: the paper's 1-GPU step, Titan "
                         "Black, batch 256)")
     return p

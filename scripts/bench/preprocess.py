@@ -13,6 +13,7 @@ import time
 from pathlib import Path
 
 from data.decode import load_image
+from data.domains import COUNT
 from data.layouts import is_image_name
 from data.preprocess import Options, preprocess
 from data.synthetic import generate
@@ -24,12 +25,12 @@ from .preprocess_routes import REAL_SAMPLE, routes_table
 def add_parser(sub):
     p = subcommand(sub, "preprocess", "JPEG decode and batch-file writing speed", run,
                    (("routes", "the folder route and the archive routes, 1 worker each"),))
-    p.add_argument("--images", type=int, default=600, help="training images to generate (default 600)")
+    p.add_argument("--images", type=COUNT, default=600, help="training images to generate (default 600)")
     p.add_argument("--routes", action="store_true", help="also the routes table: the same images through the "
                    "folder, train-tar and gzip-shard routes (generated, and the real sample where present)")
     p.add_argument("--sample", default=str(REAL_SAMPLE), help="real ILSVRC2012 JPEGs (<wnid>_<words>.JPEG) for "
                    "the routes table; left out where absent")
-    p.add_argument("--workers", type=int, default=None, help="pool size of the 'all workers' row")
+    p.add_argument("--workers", type=COUNT, default=None, help="pool size of the 'all workers' row")
     return p
 
 

@@ -13,6 +13,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from data.domains import COUNT, NON_NEGATIVE
+
 from .common import cpu_name, subcommand
 from .workload import make_random_dataset
 
@@ -21,13 +23,13 @@ def add_parser(sub):
     p = subcommand(sub, "read", "batch-file read paths (old, new, raw) against the memory bound", run)
     p.add_argument("--data", help="a preprocessed folder, its first --files files read (default: random files "
                    "of both formats in a temp folder)")
-    p.add_argument("--files", type=int, default=40, help="random dataset: batch files (default 40)")
-    p.add_argument("--per-file", type=int, default=256, help="random dataset: images per file (default 256)")
-    p.add_argument("--size", type=int, default=256, help="random dataset: image side (default 256)")
-    p.add_argument("--batch-sizes", type=int, nargs="+", default=[256, 128])
-    p.add_argument("--window", type=int, default=16, help="data.shuffle_window (default 16)")
-    p.add_argument("--threads", type=int, default=0, help="reader threads (default: data.fastread's)")
-    p.add_argument("--repeat", type=int, default=5, help="timed passes over the epoch, rows in turn (best)")
+    p.add_argument("--files", type=COUNT, default=40, help="random dataset: batch files (default 40)")
+    p.add_argument("--per-file", type=COUNT, default=256, help="random dataset: images per file (default 256)")
+    p.add_argument("--size", type=COUNT, default=256, help="random dataset: image side (default 256)")
+    p.add_argument("--batch-sizes", type=COUNT, nargs="+", default=[256, 128])
+    p.add_argument("--window", type=NON_NEGATIVE, default=16, help="data.shuffle_window (default 16)")
+    p.add_argument("--threads", type=NON_NEGATIVE, default=0, help="reader threads (default: data.fastread's)")
+    p.add_argument("--repeat", type=COUNT, default=5, help="timed passes over the epoch, rows in turn (best)")
     return p
 
 

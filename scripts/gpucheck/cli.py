@@ -7,6 +7,8 @@ import sys
 import time
 from pathlib import Path
 
+from data.domains import POSITIVE, OneLineParser
+
 from .budget import Budget
 from .report import environment
 from .runner import RESERVE, run_all, step_main
@@ -25,7 +27,7 @@ def parse_inject(specs: list[str] | None) -> dict[str, str]:
 
 
 def parser(doc: str) -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="gpu_check.py", description=doc.splitlines()[0],
+    p = OneLineParser(prog="gpu_check.py", description=doc.splitlines()[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter,
                                 epilog="\n".join(doc.splitlines()[2:]))
     p.add_argument("--out", help="report folder (gpu_check.md, gpu_check.json, logs/); its work/ is temporary")
@@ -36,7 +38,7 @@ def parser(doc: str) -> argparse.ArgumentParser:
                        help=f"only the core: {', '.join(SEQUENCES['quick'])} (budget {BUDGETS['quick']:.0f} s)")
     which.add_argument("--bench", action="store_const", dest="sequence", const="bench",
                        help=f"the full-size benchmarks: {', '.join(SEQUENCES['bench'])}")
-    p.add_argument("--budget", type=float, help="seconds for the whole run, counted from the process's start, "
+    p.add_argument("--budget", type=POSITIVE, help="seconds for the whole run, counted from the process's start, "
                    f"clean-up included (default {BUDGETS['check']:.0f}; --quick {BUDGETS['quick']:.0f})")
     p.add_argument("--steps", help="comma-separated steps of the sequence to run (data is added): "
                    + "; ".join(f"{k}: {', '.join(v)}" for k, v in SEQUENCES.items() if k != "quick"))

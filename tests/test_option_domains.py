@@ -1,0 +1,138 @@
+"""Every option of every user script, as its parser defines it: a value it takes has a declared domain
+(data/domains.py, a list of choices, or text), and every value a numeric domain refuses is refused by the
+script's own parser with exit 2 and one line naming the option, before anything runs.
+
+The parsers are found by calling each script's main() with argparse's parse_args intercepted (the parser
+is captured, nothing runs), subcommands included, so an option added later is tried without an edit here.
+In-process for every option and value; one real process per run, a (script, option, value) drawn with a
+seed that changes every run and is printed, for what only a process shows (no traceback, nothing written).
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import random
+import sys
+import time
+
+import pytest
+
+from data.domains import Domain
+from tests import children
+from tests.conftest import REPO, load_script
+from tests.test_script_help import user_scripts
+
+
+class _Captured(Exception):
+    def __init__(self, parser: argparse.ArgumentParser):
+        super().__init__(parser.prog)
+        self.parser = parser
+
+
+def _capture(self, args=None, namespace=None):
+    raise _Captured(self)
+
+
+def script_parser(script: str, monkeypatch) -> argparse.ArgumentParser:
+    """The parser `script`'s main() builds, captured at its parse_args call."""
+    folder, _, name = script.rpartition("/")
+    module = load_script(name.removesuffix(".py"), folder or ".")
+    monkeypatch.setattr(argparse.ArgumentParser, "parse_args", _capture)
+    try:
+        module.main([])
+    except _Captured as e:
+        return e.parser
+    finally:
+        monkeypatch.undo()
+    raise AssertionError(f"{script}: main() did not parse its arguments")
+
+
+def parsers(parser: argparse.ArgumentParser, prefix: tuple[str, ...] = ()):
+    """(the words that select it, parser) for `parser` and each subcommand's, depth first."""
+    yield prefix, parser
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for name, sub in action.choices.items():
+                yield from parsers(sub, (*prefix, name))
+
+
+def options(parser: argparse.ArgumentParser) -> list[argparse.Action]:
+    """The options a user gives values to (not flags, not hidden, not positionals)."""
+    return [a for a in parser._actions if a.option_strings and a.nargs != 0 and a.help != argparse.SUPPRESS
+            and not isinstance(a, (argparse._HelpAction, argparse._VersionAction))]
+
+
+@pytest.fixture(scope="module")
+def every_option() -> list[tuple[str, tuple[str, ...], argparse.Action, argparse.ArgumentParser]]:
+    mp = pytest.MonkeyPatch()
+    try:
+        found = [(script, words, action, p) for script in user_scripts()
+                 for words, p in parsers(script_parser(script, mp)) for action in options(p)]
+    finally:
+        mp.undo()
+    return found
+
+
+def test_the_walk_finds_the_options_of_every_script_and_subcommand(every_option):
+    """An independent look: options known to exist, in a script, a data module's CLI and a subcommand."""
+    named = {(s, w, a.option_strings[-1]) for s, w, a, _ in every_option}
+    assert {("scripts/evaluate.py", (), "--batch-size"), ("scripts/preprocess.py", (), "--workers"),
+            ("scripts/make_synthetic.py", (), "--classes"), ("scripts/benchmark.py", ("read",), "--per-file"),
+            ("scripts/gpu_check.py", (), "--budget")} <= named
+    assert len({s for s, *_ in every_option}) >= 10
+
+
+def test_every_option_that_takes_a_value_has_a_declared_domain(every_option):
+    bare = [f"{s} {' '.join(w)} {a.option_strings[-1]}: type {getattr(a.type, '__name__', a.type)}"
+            for s, w, a, _ in every_option
+            if a.choices is None and not isinstance(a.type, Domain) and a.type not in (None, str)]
+    assert not bare, "options without a declared domain (data/domains.py):\n" + "\n".join(bare)
+
+
+def refusals(every_option):
+    for script, words, action, parser in every_option:
+        if isinstance(action.type, Domain):
+            for text in action.type.refused:
+                yield script, words, action, parser, text
+        elif action.choices is not None:
+            yield script, words, action, parser, "not-a-choice"
+
+
+def test_every_refused_value_of_every_option_exits_2_in_one_line_naming_it(every_option, capsys):
+    tried, wrong = 0, []
+    for script, words, action, parser, text in refusals(every_option):
+        flag = action.option_strings[-1]
+        with pytest.raises(SystemExit) as e:
+            parser.parse_args([f"{flag}={text}"])
+        err = capsys.readouterr().err.strip().splitlines()
+        tried += 1
+        if e.value.code != 2 or len(err) != 1 or flag not in err[0]:
+            wrong.append(f"{script} {' '.join(words)} {flag}={text!r}: exit {e.value.code}, {err[-1:]}")
+    assert not wrong, "\n".join(wrong)
+    assert tried > 300  # every numeric option times its refused values
+
+
+def test_a_domain_takes_its_own_values():
+    from data.domains import COUNT, NON_NEGATIVE, NON_NEGATIVE_FLOAT, POSITIVE, at_least
+    assert (COUNT("1"), NON_NEGATIVE("0"), at_least(16)("16"), POSITIVE("1e-9"), NON_NEGATIVE_FLOAT("0")) == \
+        (1, 0, 16, 1e-9, 0.0)
+    for domain in (COUNT, NON_NEGATIVE, POSITIVE, NON_NEGATIVE_FLOAT, at_least(16)):
+        for text in domain.refused:
+            with pytest.raises(argparse.ArgumentTypeError, match=f"must be {domain.describe}"):
+                domain(text)
+
+
+@pytest.mark.processes
+def test_a_sampled_refusal_as_a_real_process_writes_nothing(every_option, tmp_path):
+    """One (script, option, value) drawn anew every run (the seed is printed: rerun it with
+    ALEXNET_DOMAIN_SEED): exit 2, one line, no traceback, nothing written in its working directory."""
+    seed = int(os.environ.get("ALEXNET_DOMAIN_SEED", time.time_ns() % 2**32))
+    print(f"ALEXNET_DOMAIN_SEED={seed}")
+    script, words, action, _, text = random.Random(seed).choice(list(refusals(every_option)))
+    flag = action.option_strings[-1]
+    work = tmp_path / "cwd"
+    work.mkdir()
+    r = children.run([sys.executable, str(REPO / script), *words, f"{flag}={text}"], cpu_s=60, cwd=work)
+    lines = r.stderr.strip().splitlines()
+    assert r.returncode == 2 and len(lines) == 1 and flag in lines[0], (seed, script, flag, text, r.stderr)
+    assert list(work.iterdir()) == [], (seed, script, flag, text)

@@ -40,8 +40,13 @@ def main(argv: list[str] | None = None) -> int:
                                        "example: python scripts/benchmark.py train --json train.json")
     sub = p.add_subparsers(dest="what", required=True)
     for bench in BENCHMARKS:
-        bench.add_parser(sub).add_argument("--json", help="also write the results to this JSON file")
+        q = bench.add_parser(sub)
+        q.add_argument("--json", help="also write the results to this JSON file (a new file: an existing one, "
+                       "such as the measurements docs/benchmarks/ keeps, is replaced only with --force)")
+        q.add_argument("--force", action="store_true", help="replace an existing --json file")
     args = p.parse_args(argv)
+    if args.json and Path(args.json).exists() and not args.force:  # before the run: it may take an hour
+        p.error(f"--json {args.json} exists (a kept measurement?): name a new file, or add --force to replace it")
     report(args.run(args), args.tables, args.json)
     return 0
 

@@ -128,3 +128,18 @@ def test_large_batch_gap_and_share_closed():
     gap = large_batch.gap_rows(rows, args)
     assert [(g["optimizer"], g["lr"], g["sgd_gap"], g["closed"]) for g in gap] == [
         ("sgd", 0.08, 0.2, 0.0), ("lars", 10.0, 0.2, 0.5), ("lamb", 0.02, 0.2, -0.25)]
+
+
+def test_an_existing_json_is_not_replaced_without_force(tmp_path, capsys):
+    """A kept measurement (docs/benchmarks/*.json) survives a benchmark pointed at it: refused before the
+    run, in one line; every subcommand takes the same rule."""
+    from tests.conftest import load_script
+    kept = tmp_path / "kept.json"
+    kept.write_text('{"kept": true}')
+    main = load_script("benchmark").main
+    for what in ("read", "large-batch", "train"):
+        with pytest.raises(SystemExit) as e:
+            main([what, "--json", str(kept)])
+        err = capsys.readouterr().err.strip()
+        assert e.value.code == 2 and len(err.splitlines()) == 1 and "--force" in err and str(kept) in err, err
+    assert kept.read_text() == '{"kept": true}'

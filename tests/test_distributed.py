@@ -74,9 +74,13 @@ MIXED = Placement(("h",) * 4, ("GPU-1", "GPU-1", "GPU-2", "GPU-2"))  # 4 replica
 OWN_HOSTS = Placement(("a", "b"), ("GPU-1", "GPU-2"))
 SHARED_HOSTS = Placement(("a", "b"), ("GPU-1", "GPU-1"))  # two hosts, each calling its GPU the same (a clash)
 
-NCCL_NEEDS = "parallel.transport=nccl needs one GPU per replica"
-IPC_ONE_HOST = "parallel.transport=ipc works between replicas of one host"
-IPC_DISTINCT = "parallel.transport=ipc across distinct GPUs"
+# Each refusal says why and what to use instead (the whole line: the alternatives are what the user acts on).
+NCCL_NEEDS = (r"^parallel.transport=nccl needs one GPU per replica \(NCCL refuses two ranks on one GPU, and has no CPU "
+              r"path\); use ipc \(weights exchange\) or gloo$")
+IPC_ONE_HOST = r"^parallel.transport=ipc works between replicas of one host; use nccl or gloo$"
+IPC_DISTINCT = (r"^parallel.transport=ipc across distinct GPUs would open a CUDA context on every peer's GPU \(0.3-0.5 "
+                r"GB each\) and copy the peers' buffers one after another; use nccl \(what auto picks when every "
+                r"replica has its own GPU\) or gloo$")
 # placement: {(transport, exchange): the transport, or the refusal's words}, written from DESIGN.md's
 # "Transports": NCCL when every replica has its own GPU; ipc for the weights exchange when all replicas share
 # one GPU or run on CPUs of one host; gloo otherwise; an explicit choice that cannot work is refused.

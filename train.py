@@ -29,10 +29,11 @@ import sys
 from alexnet.checkpoint import CheckpointError
 from alexnet.cli import protect_streams
 from alexnet.config import Config, ConfigError, load_config, summary
-from alexnet.distributed import StartError, print0, setup, teardown
+from alexnet.distributed import DistInfo, StartError, print0, setup, teardown
 from alexnet.launch import launch_local, report_gave_up
 from alexnet.preflight import check_run
-from alexnet.rundir import ENV_LOCK_FD, hold, lock_holder_here
+from alexnet.replica import MeshLayout
+from alexnet.rundir import ENV_LOCK_FD, check_run_dir, hold, lock_holder_here
 from alexnet.trainer import NonFiniteLoss, StopFlag, Trainer
 from data.batchfile import BatchFileError
 from data.domains import OneLineParser
@@ -49,7 +50,30 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                                        "example: python train.py configs/alexnet_1gpu.yaml data.root=imagenet256")
     p.add_argument("config", help="YAML config (see configs/); states only what differs from the defaults")
     p.add_argument("overrides", nargs="*", default=[], help="optional dotted overrides, e.g. train.lr=0.02")
+    p.add_argument("--dry-run", action="store_true", help="check the config, the data and run.dir as a start "
+                   "would, print what would run (processes, global batch, steps), then exit without writing")
     return p.parse_args(argv)
+
+
+def dry_run(cfg: Config, world: int) -> int:
+    """What a start checks (config, data, run.dir), and what it would run; nothing is written or locked."""
+    check_run_dir(cfg.run.dir)
+    meta = check_run(cfg, world)
+    layout = MeshLayout(cfg, DistInfo(world=world, model_size=cfg.parallel.model_size))
+    t = cfg.train
+    steps = meta["splits"]["train"]["count"] // layout.global_batch
+    print(f"train.py: dry run: the config, the data ({cfg.data.root}) and run.dir ({cfg.run.dir}) are fine; "
+          f"would start {world} process(es): {_layout_words(cfg)}; {cfg.model.arch} width {cfg.model.width:g}, "
+          f"global batch {layout.global_batch} ({t.batch_size} {layout.batch_unit}), {steps} steps an epoch, "
+          f"{t.epochs} epochs, optimizer {t.optimizer}")
+    return 0
+
+
+def _layout_words(cfg: Config) -> str:
+    p = cfg.parallel
+    if p.model_size == 1:
+        return f"{p.replicas} replica(s)"
+    return f"{p.replicas} replica(s) x model groups of {p.model_size} ({p.model} model parallel)"
 
 
 def install_signal_handlers(stop: StopFlag) -> None:
@@ -111,6 +135,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         cfg = load_config(args.config, args.overrides)
         local = cfg.parallel.replicas * cfg.parallel.model_size if "WORLD_SIZE" not in os.environ else 1
+        if args.dry_run:
+            return dry_run(cfg, int(os.environ.get("WORLD_SIZE", local)))
         with hold(cfg.run.dir) if lock_holder_here() else contextlib.nullcontext() as lock_fd:
             if ENV_LOCK_FD not in os.environ:  # not a replica of our launcher, which checked already
                 check_run(cfg, int(os.environ.get("WORLD_SIZE", local)))

@@ -1,0 +1,174 @@
+"""Every shell command of the documents (README.md, docs/*.md, pretrained/README.md: their ```bash blocks), as
+written, checked against the code: a user script's arguments by the script's own parser, train.py's config
+and overrides by the config loader (as train.py --dry-run does first), torchrun's own options by torchrun's
+parser, a make target by the Makefile, a pytest marker or path by pytest.ini and the tree. A command of a
+kind this file cannot check fails, so a new kind of documented command gets a check here first.
+
+The commands are found by reading the documents, so a command added or changed later is checked without an
+edit here. What this cannot show (the data and GPUs the commands name) train.py --dry-run shows where they
+exist (test below); the CPU demo itself runs in tests/test_train.py (test_demo_config_learns).
+"""
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import re
+import shlex
+import sys
+
+import pytest
+
+from alexnet.config import load_config
+from tests.conftest import REPO
+from tests.test_option_domains import _capture, _Captured
+
+DOCUMENTS = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md")), REPO / "pretrained" / "README.md"]
+BLOCK = re.compile(r"```(?:bash|sh|shell)\n(.*?)```", re.S)
+OPTIONAL = re.compile(r"\[(--[^\]]*)\]")  # `[--crops 10]`: an optional part, checked as if given
+
+
+def documented_commands(documents=DOCUMENTS) -> list[tuple[str, list[str]]]:
+    """(where, argv) of every command in the documents' shell blocks: continuations joined, comments and
+    a block's VAR="..." assignments applied, `[--option value]` (optional parts) kept as given."""
+    found = []
+    for doc in documents:
+        text = doc.read_text(encoding="utf-8")
+        for block in BLOCK.finditer(text):
+            line_no = text[:block.start()].count("\n") + 2
+            variables: dict[str, str] = {}
+            for line in block.group(1).replace("\\\n", " ").splitlines():
+                words = shlex.split(OPTIONAL.sub(r" \1 ", line), comments=True)
+                if not words:
+                    continue
+                if len(words) == 1 and re.fullmatch(r"[A-Z_]+=.*", words[0]):
+                    name, value = words[0].split("=", 1)
+                    variables[name] = value
+                    continue
+                expanded = [w for word in words for w in
+                            (shlex.split(variables[word[1:]]) if word.startswith("$") and word[1:] in variables
+                             else [word])]
+                found.append((f"{doc.relative_to(REPO)}:{line_no}", expanded))
+    return found
+
+
+def _module(path: str):
+    """`path` (a script or tool) as a module, registered while it loads (its dataclasses look it up)."""
+    name = "_doc_" + re.sub(r"\W", "_", path)
+    spec = importlib.util.spec_from_file_location(name, REPO / path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def script_parser(path: str) -> argparse.ArgumentParser:
+    module = _module(path)
+    mp = pytest.MonkeyPatch()
+    mp.setattr(argparse.ArgumentParser, "parse_args", _capture)
+    try:
+        module.main([])
+    except _Captured as e:
+        return e.parser
+    finally:
+        mp.undo()
+    raise AssertionError(f"{path}: main() parsed nothing")
+
+
+def _parse(path: str, args: list[str]) -> argparse.Namespace:
+    parser = script_parser(path)
+    try:
+        return parser.parse_args(args)
+    except SystemExit as e:
+        raise AssertionError(f"{path} refuses {shlex.join(args)} (exit {e.code})") from None
+
+
+def check_train(args: list[str]) -> None:
+    ns = _parse("train.py", args)
+    load_config(REPO / ns.config, ns.overrides)  # ConfigError names the key
+
+
+def check_command(argv: list[str]) -> None:
+    """Raises AssertionError (or the config loader's ConfigError) where `argv` drifted from the code."""
+    head, rest = argv[0], argv[1:]
+    if head in ("python", "python3") and rest[:2] == ["-m", "pytest"]:
+        args = rest[2:]
+        markers = (REPO / "pytest.ini").read_text()
+        for i, word in enumerate(args):
+            if word == "-m":
+                assert re.search(rf"^\s+{re.escape(args[i + 1])}:", markers, re.M), f"no marker {args[i + 1]}"
+            elif not word.startswith("-") and (i == 0 or args[i - 1] not in ("-m", "-p", "-k", "-n")):
+                assert (REPO / word.split("::")[0]).exists(), f"no test path {word}"
+        return
+    if head in ("python", "python3"):
+        script, args = rest[0], rest[1:]
+        assert (REPO / script).is_file(), f"no script {script}"
+        if script == "train.py":
+            check_train(args)
+        else:
+            _parse(script, args)
+        return
+    if head == "torchrun":
+        from torch.distributed.run import get_args_parser
+        ns = get_args_parser().parse_args(rest)
+        assert ns.training_script == "train.py", ns.training_script
+        if ns.rdzv_backend == "c10d":  # the node's rank comes from the rendezvous: a --node-rank is ignored
+            assert not any(w.startswith(("--node-rank", "--node_rank")) for w in rest), \
+                "--node-rank is ignored with c10d"
+        check_train(ns.training_script_args)
+        return
+    if head == "make":
+        targets = re.findall(r"^([\w-]+):", (REPO / "Makefile").read_text(), re.M)
+        for word in rest:
+            if "=" not in word:
+                assert word in targets, f"no make target {word}"
+        return
+    if head == "bash":
+        assert (REPO / rest[0]).is_file(), f"no script {rest[0]}"
+        return
+    raise AssertionError(f"a documented command this test cannot check: {shlex.join(argv)} (add its kind)")
+
+
+def test_the_documents_give_commands_of_every_kind():
+    """An independent look at what the walk must find."""
+    found = {shlex.join(argv) for _, argv in documented_commands()}
+    assert "make demo" in found and "make test" in found
+    assert any(c.startswith("torchrun --nnodes=2") and "train.py" in c for c in found)
+    assert any(c.startswith("python scripts/evaluate.py") and "--weights torchvision" in c for c in found)
+    assert len(found) > 40
+
+
+@pytest.mark.parametrize("where, argv", documented_commands(), ids=lambda x: x if isinstance(x, str) else "")
+def test_every_documented_command_agrees_with_the_code(where, argv):
+    check_command(argv)
+
+
+@pytest.mark.parametrize("drifted, says", [
+    ("python scripts/evaluate.py --data d --weights w --crops 3", "refuses"),
+    ("python scripts/evaluate.py --data d --weights w --top-k 5", "refuses"),
+    ("python train.py configs/alexnet_1gpu.yaml train.lrate=0.1", "train.lrate"),
+    ("python train.py configs/alexnet_3gpu.yaml", "alexnet_3gpu"),
+    ("torchrun --nnodes=2 --node-rank=1 --rdzv-backend=c10d --rdzv-endpoint=H:1 train.py configs/demo.yaml",
+     "ignored"),
+    ("make gpu-checks", "no make target"),
+    ("python scripts/preprocess.py --train-dir t --out o --size 0", "refuses"),
+    ("docker run alexnet", "cannot check"),
+])
+def test_a_drifted_command_fails(drifted, says):
+    with pytest.raises(Exception, match=says):
+        check_command(shlex.split(drifted))
+
+
+def test_dry_run_checks_config_data_and_run_dir_and_writes_nothing(train_data, tmp_path, capsys):
+    from train import main
+    run = tmp_path / "run"
+    base = ["--dry-run", "configs/demo.yaml", f"data.root={train_data}", f"run.dir={run}", "data.crop=67"]
+    assert main([*base, "train.batch_size=8", "parallel.replicas=2", "parallel.model_size=2",
+                 "parallel.model=fc"]) == 0
+    out = capsys.readouterr().out
+    assert "would start 4 process(es): 2 replica(s) x model groups of 2 (fc model parallel)" in out
+    assert "global batch 32 (8 per process), 1 steps an epoch" in out  # 48 training images // 32
+    assert not run.exists()
+    assert main([*base, "train.batch_size=64"]) == 2  # the data hold fewer images than one batch
+    assert "fewer than one global batch" in capsys.readouterr().err and not run.exists()
+    assert main([*base[:2], f"data.root={tmp_path / 'none'}", *base[3:]]) == 2
+    assert not run.exists()

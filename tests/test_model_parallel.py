@@ -140,3 +140,4 @@ def test_a_split_layer_says_its_own_size():
                     assert layer.out_features == layer.weight.shape[0], mode
                 if isinstance(layer, torch.nn.Conv2d):
                     assert (layer.out_channels, layer.in_channels // layer.groups) == layer.weight.shape[:2], mode
+                    assert type(layer.in_channels) is int and type(layer.out_channels) is int, mode

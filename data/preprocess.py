@@ -484,6 +484,11 @@ def check_out(out: Path, inputs: dict[str, list[str]]) -> None:
             pass
     except OSError as e:  # read-only, not ours, full: name the folder asked for, not the probe
         raise OSError(e.errno, os.strerror(e.errno) if e.errno else str(e), str(out)) from None
+    foreign = _not_written_here(out)
+    if foreign:
+        shown = ", ".join(foreign[:3]) + (f" and {len(foreign) - 3} more" if len(foreign) > 3 else "")
+        raise DataError(f"--out {out} holds files preprocess did not write ({shown}): name a new or empty folder "
+                        "(an output of an earlier run, even one cut short, is resumed)")
     real_out = os.path.realpath(out)
     for what, paths in inputs.items():
         for path in (p for p in paths if Path(p).is_dir()):
@@ -492,6 +497,17 @@ def check_out(out: Path, inputs: dict[str, list[str]]) -> None:
                 raise DataError(f"--out {out} is inside the {what} {path}: its files would be read as input")
             if any(_within(real, os.path.join(real_out, split)) for split in SPLITS):
                 raise DataError(f"the {what} {path} is where --out {out} writes its batch files; use another --out")
+
+
+# What preprocess writes into --out (and upgrade_data into an output); dotfiles are its lock and temporaries.
+OWN_NAMES = ("plan.json", "meta.json", "report.json", "mean.npy", *SPLITS)
+
+
+def _not_written_here(out: Path) -> list[str]:
+    """The entries of an existing --out that are not this tool's: none for a new, empty or earlier output."""
+    if not out.is_dir():
+        return []
+    return sorted(e.name for e in os.scandir(out) if e.name not in OWN_NAMES and not e.name.startswith("."))
 
 
 def _within(path: str, folder: str) -> bool:

@@ -16,6 +16,7 @@ from PIL import Image, ImageDraw
 
 from .distributions import Tree, write_formats
 from .domains import OneLineParser, at_least
+from .fsutil import os_error_message
 
 VERSION = 1
 JPEG_QUALITY = 90
@@ -334,8 +335,11 @@ def main(argv: list[str] | None = None) -> int:
         p.error(f"--min-side {a.min_side} is larger than --max-side {a.max_side}")
     if a.formats and a.val_layout != "flat":
         p.error("--formats needs the flat val layout (the devkit labels flat val images)")
-    m = generate(a.out, a.classes, a.train_per_class, a.val_per_class, a.seed, not a.no_quirks,
-                 a.val_layout, a.min_side, a.max_side)
+    try:
+        m = generate(a.out, a.classes, a.train_per_class, a.val_per_class, a.seed, not a.no_quirks,
+                     a.val_layout, a.min_side, a.max_side)
+    except (FileExistsError, NotADirectoryError) as e:  # --out holds other files, or is a file
+        p.error(os_error_message(e))
     print(f"wrote {m['num_classes']} classes: {m['counts']['train']} train, {m['counts']['val']} val images "
           f"({len(m['quirks'])} quirk files) under {a.out}")
     for name, rel in m.get("label_files", {}).items():

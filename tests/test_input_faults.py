@@ -503,3 +503,19 @@ def test_refused_pickles_never_advise_weights_only_false(tmp_path):
     with pytest.raises(FormatError) as e:
         load_npy(tmp_path / "p.npy")
     assert "allow_pickle" not in str(e.value) and "never unpickled" in str(e.value)
+
+
+def test_an_output_folder_holding_a_users_files_is_refused_and_left_as_it_was(synth, tmp_path):
+    """preprocess --out . in a folder of the user's (it wrote its output among them, exit 0), and
+    make_synthetic --out into one (a FileExistsError traceback): one line, exit 2, nothing written."""
+    root, _ = synth
+    work = tmp_path / "work"
+    work.mkdir()
+    (work / "mine.txt").write_text("the user's")
+    r = children.run([sys.executable, str(REPO / "scripts/preprocess.py"), "--train-dir", str(root / "train"),
+                      "--out", ".", "--size", "32", "--quiet"], cpu_s=60, cwd=work)
+    assert r.returncode == 2 and _one_line(r.stderr).startswith(
+        "preprocess: error: --out . holds files preprocess did not write (mine.txt)"), r.stderr
+    r = run_script(str(REPO / "scripts/make_synthetic.py"), "--out", str(work), "--classes", "2")
+    assert r.returncode == 2 and "is not empty and holds no synthetic manifest.json" in _one_line(r.stderr)
+    assert sorted(p.name for p in work.iterdir()) == ["mine.txt"]

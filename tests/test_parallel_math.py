@@ -546,15 +546,17 @@ def test_lars_with_the_weights_exchange_over_replicas_is_refused_where_the_world
 @pytest.mark.parametrize("transport", ["gloo", "ipc"])
 def test_the_weights_exchange_keeps_a_float64_models_precision(transport):
     """1 + 2^-40 and 1 - 2^-40 average to exactly 1 in float64 (and to 1 in float32 only by rounding both):
-    the exchange's buffers are the model's dtype, through the all-reduce and the shared-memory buffers."""
+    the exchange's buffers are the model's dtype, through the all-reduce and the shared-memory buffers (not
+    torch's default dtype, float32 here)."""
     from alexnet.exchange import WeightExchange
     from alexnet.optim import build_optimizer
     from layers.sim import SimWorld
+    torch.set_default_dtype(torch.float32)
     world = SimWorld(2)
     delta = 2.0 ** -40
 
     def member(rank):
-        model = torch.nn.Linear(1, 1, bias=False)
+        model = torch.nn.Linear(1, 1, bias=False, dtype=torch.float64)
         with torch.no_grad():
             model.weight.fill_(1.0 + (delta if rank == 0 else 3 * delta))
         opt = build_optimizer(model, Layout().config().train)
@@ -595,7 +597,7 @@ def test_the_weights_exchange_by_transport_its_bytes_and_no_files_left(transport
         return (*made, done, exchange.sent[0])
     for name, size, sent0, done, sent in world.run(member):
         assert (name, size, sent0, done) == (impl, 48, 0, True)
-        assert sent == (96 if transport == "ipc" else 64)
+        assert sent == (96 if transport == "ipc" else 64) and type(sent) is int  # whole bytes
     assert _shm_files() == before
 
 
@@ -610,6 +612,22 @@ def test_a_replicas_bytes_sent_count_the_weights_exchange():
         return replica.sent_bytes(), replica.exchange.bytes_per_exchange()
     for sent, size in run_ranks(2, member, 1, cfg):
         assert sent == size  # one exchange over 2 replicas: 2 (2 - 1) / 2 of the buffer (8 bytes a value)
+
+
+def test_a_replicas_bytes_sent_in_gradients_mode_by_hand():
+    """2 replicas, gradients mode, one step: the first sends its weights to the second at the start (B bytes,
+    B = the parameters' bytes; a broadcast counts at its source), then each sends 2 (2 - 1) / 2 B for the
+    gradients' mean: 2B from the first, B from the second; no weights exchange to add."""
+    layout = Layout(replicas=2, exchange="gradients")
+    cfg = layout.config(**{"parallel.transport": "gloo"})
+
+    def member(info):
+        replica = Replica(cfg, info, CLASSES)
+        x, y = global_batches(layout, 1)[0]
+        replica.step(x[:4], y[:4], 1, NO_AUTOCAST)
+        return replica.sent_bytes(), sum(p.numel() * p.element_size() for p in replica.model.parameters())
+    (sent0, size), (sent1, _) = run_ranks(2, member, 1, cfg)
+    assert (sent0, sent1) == (2 * size, size) and size > 0
 
 
 def test_a_resume_takes_momentum_and_decay_from_the_config():

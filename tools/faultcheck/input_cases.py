@@ -156,6 +156,18 @@ def _plan_unchanged(work: Work) -> str | None:
     return nothing_written(work) or _nothing_at_out(work)
 
 
+def _users_folder(work: Work) -> Path:
+    folder = work.w / "mine"
+    folder.mkdir()
+    (folder / "notes.txt").write_text("the user's")
+    return folder
+
+
+def _users_folder_unchanged(work: Work) -> str | None:
+    left = sorted(p.name for p in (work.w / "mine").iterdir())
+    return None if left == ["notes.txt"] else f"wrote into the user's folder: {', '.join(left)}"
+
+
 RUN_DONE = _file_exists("run", "checkpoints", "last.pt")
 CASES = [
     # 1. the config's YAML
@@ -234,4 +246,19 @@ CASES = [
          ("{w}/bomb.pt", "inflate"), _zip_bomb),
     Case("evaluate-weights-numpy-object", "misleading", "--weights holding a numpy scalar (refused unpickling)", 2,
          ("{w}/np.pt", "not plain weights", "never unpickled"), _numpy_object),
+    # 6. issues 33 and 34: outputs among the user's files, declared option domains, names, dry runs
+    Case("preprocess-out-users-folder", "lost", "--out a folder of the user's files (preprocess wrote among them)",
+         2, ("--out", "did not write", "notes.txt"),
+         lambda w: pp("--train-dir", w.ctx.src / "train", "--out", _users_folder(w)), _users_folder_unchanged),
+    Case("make-synthetic-out-users-folder", "traceback", "make_synthetic --out a folder of the user's files", 2,
+         ("{w}/mine", "not empty"), lambda w: ["scripts/make_synthetic.py", "--out", str(_users_folder(w))],
+         _users_folder_unchanged),
+    Case("make-synthetic-classes-0", "silent", "make_synthetic --classes 0 (took any integer)", 2,
+         ("--classes", ">= 1"), lambda w: ["scripts/make_synthetic.py", "--out", str(w.w / "out"), "--classes", "0"],
+         _nothing_at_out),
+    Case("evaluate-weights-unknown-name", "misleading", "--weights torchvisoin (a misspelt published name)", 2,
+         ("torchvisoin", "published weight set"), lambda w: ev(w, weights=Path("torchvisoin"))),
+    Case("train-dry-run-no-data", "lost", "train.py --dry-run with data.root missing", 2,
+         ("{w}/none",), lambda w: [*tr(w, data=w.w / "none"), "--dry-run"],
+         lambda w: None if not (w.w / "run").exists() else "a dry run wrote run/"),
 ]

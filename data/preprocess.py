@@ -31,7 +31,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .archives import ShardMember, TarMember, collect, in_threads, read_member
+from .archives import INDEX_NAME, ShardMember, TarMember, collect, in_threads, read_member
 from .batchfile import (
     FORMAT_VERSION,
     BatchFileError,
@@ -500,7 +500,7 @@ def check_out(out: Path, inputs: dict[str, list[str]]) -> None:
 
 
 # What preprocess writes into --out (and upgrade_data into an output); dotfiles are its lock and temporaries.
-OWN_NAMES = ("plan.json", "meta.json", "report.json", "mean.npy", *SPLITS)
+OWN_NAMES = ("plan.json", "meta.json", "report.json", "mean.npy", INDEX_NAME, *SPLITS)
 
 
 def _not_written_here(out: Path) -> list[str]:

@@ -152,3 +152,18 @@ def test_a_replica_builds_the_configured_model_in_every_layout():
     cfg = load_config("configs/demo.yaml", [*base, "parallel.model_size=3", "parallel.model=fc"])
     with pytest.raises(ConfigError, match=r"^parallel.model_size=3 does not divide a layer of 512 units \(Linear"):
         run_ranks(3, lambda info: Replica(cfg, info, 4), 3, cfg)
+
+
+def test_train_compile_wraps_the_forward_module_and_nothing_else(monkeypatch):
+    """train.compile=true hands the forward module to torch.compile (what that gives is proven on CUDA by
+    the GPU check; here torch.compile is a stand-in that records its argument, sparing the import of
+    dynamo); false leaves it as it is."""
+    from alexnet.config import load_config as load
+    from alexnet.replica import Replica
+    given = []
+    monkeypatch.setattr(torch, "compile", lambda module, **kw: given.append(module) or ("compiled", module))
+    for on in (True, False):
+        cfg = load("configs/demo.yaml", ["model.width=0.125", "data.crop=67", f"train.compile={str(on).lower()}"])
+        replica = Replica(cfg, DistInfo(), 4)
+        assert replica.forward == (("compiled", replica.model) if on else replica.model)
+    assert len(given) == 1

@@ -319,7 +319,8 @@ def test_replica_refuses_weights_exchange_over_replicas_known_from_the_world():
     cfg = Config()
     apply(cfg, {"train.optimizer": "lamb", "data.root": "unused"}, "test")
     with pytest.raises(ConfigError, match="^train.optimizer=lamb with parallel.exchange=weights would adapt each "
-                                          "of the 2 replicas"):
+                                          "of the 2 replicas to its own gradient, not to the global batch's; set "
+                                          "parallel.exchange=gradients$"):  # the remedy is what the user acts on
         Replica(cfg, DistInfo(world=2), 4)
 
 

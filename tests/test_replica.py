@@ -167,3 +167,23 @@ def test_train_compile_wraps_the_forward_module_and_nothing_else(monkeypatch):
         replica = Replica(cfg, DistInfo(), 4)
         assert replica.forward == (("compiled", replica.model) if on else replica.model)
     assert len(given) == 1
+
+
+def test_the_loss_is_taken_in_float32_at_least_and_a_float64_model_keeps_float64():
+    """bf16 logits (autocast) give a float32 loss, not a bf16 one; a float64 model's loss stays float64."""
+    cases = ((torch.float64, contextlib.nullcontext, torch.float64),
+             (torch.float32, lambda: torch.autocast("cpu", dtype=torch.bfloat16), torch.float32))
+    for dtype, autocast, want in cases:
+        torch.manual_seed(0)
+        model = torch.nn.Linear(4, 3).to(dtype)
+        x, y = torch.randn(5, 4, dtype=dtype), torch.randint(0, 3, (5,))
+        loss, logits = sgd_step(model, torch.optim.SGD(model.parameters(), lr=0.1), x, y, autocast)
+        assert loss.dtype == want and logits.dtype == (torch.bfloat16 if want == torch.float32 else dtype)
+
+
+def test_a_comm_refuses_a_rank_outside_its_group():
+    from layers.sim import SimComm, SimWorld
+    world = SimWorld(2)
+    for rank in (-1, 2):
+        with pytest.raises(ValueError, match=f"^rank {rank} is not a member of a group of 2$"):
+            SimComm(world, ("world",), rank, (0, 1))

@@ -19,7 +19,7 @@ PIN = $(if $(CONSTRAINTS),-c $(CONSTRAINTS),)
 GPU_PYTHON ?= python3
 DEMO   ?= demo
 
-.PHONY: setup demo test test-fast test-gpu gpu-check gpu-bench lint clean-demo mutants
+.PHONY: setup demo test test-fast test-gpu gpu-check gpu-bench lint clean-demo mutants mutants-parallel
 
 # The demo, the main job on generated data: 10 learnable classes, 100 train and 20 val images each,
 # plus the real set's file quirks (CMYK, grayscale, PNG named .JPEG, truncated, empty, stray files);
@@ -116,6 +116,10 @@ MUTATE_PARALLEL = alexnet.replica.* alexnet.exchange.* alexnet.large_batch.* ale
 	alexnet.launch.x?Heartbeat?* alexnet.launch.x_report_gave_up* alexnet.launch.x__how* \
 	alexnet.launch.x?Launcher?_[!_]*
 MUTMUT = $(PYTHON) -c 'from mutmut.__main__ import cli; cli()'
+# The parallel code's set alone (issue 32; docs/MUTANTS.md has its results and time).
+mutants-parallel:
+	$(MAKE) mutants MUTATE='$(MUTATE_PARALLEL)'
+
 mutants: setup
 	$(PYTHON) -m pip install -q -r requirements-dev.txt $(PIN)
 	rm -rf mutants

@@ -20,27 +20,31 @@ read-only or in use by another run), 128+N stopped by signal N (130: Ctrl-C befo
 """
 from __future__ import annotations
 
-import argparse
-import contextlib
-import os
-import signal
-import sys
+from alexnet import startup
 
-from alexnet.checkpoint import CheckpointError
-from alexnet.cli import protect_streams
-from alexnet.config import Config, ConfigError, load_config, summary
-from alexnet.distributed import DistInfo, StartError, print0, setup, teardown
-from alexnet.launch import launch_local, report_gave_up
-from alexnet.preflight import check_run
-from alexnet.replica import MeshLayout
-from alexnet.rundir import ENV_LOCK_FD, check_run_dir, hold, lock_holder_here
-from alexnet.trainer import NonFiniteLoss, StopFlag, Trainer
-from data.batchfile import BatchFileError
-from data.domains import OneLineParser
-from data.fsutil import os_error_exit_code, os_error_message
-from data.layouts import DataError
-from data.procs import die_with_parent
-from data.slot_loader import LoaderError
+startup.quiet_start(__name__, "train.py")  # first: a Ctrl-C while torch imports is one line, not a traceback
+
+import argparse  # noqa: E402
+import contextlib  # noqa: E402
+import os  # noqa: E402
+import signal  # noqa: E402
+import sys  # noqa: E402
+
+from alexnet.checkpoint import CheckpointError  # noqa: E402
+from alexnet.cli import protect_streams  # noqa: E402
+from alexnet.config import Config, ConfigError, load_config, summary  # noqa: E402
+from alexnet.distributed import DistInfo, StartError, print0, setup, teardown  # noqa: E402
+from alexnet.launch import launch_local, report_gave_up  # noqa: E402
+from alexnet.preflight import check_run  # noqa: E402
+from alexnet.replica import MeshLayout  # noqa: E402
+from alexnet.rundir import ENV_LOCK_FD, check_run_dir, hold, lock_holder_here  # noqa: E402
+from alexnet.trainer import NonFiniteLoss, StopFlag, Trainer  # noqa: E402
+from data.batchfile import BatchFileError  # noqa: E402
+from data.domains import OneLineParser  # noqa: E402
+from data.fsutil import os_error_exit_code, os_error_message  # noqa: E402
+from data.layouts import DataError  # noqa: E402
+from data.procs import die_with_parent  # noqa: E402
+from data.slot_loader import LoaderError  # noqa: E402
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -79,14 +83,27 @@ def _layout_words(cfg: Config) -> str:
 def install_signal_handlers(stop: StopFlag) -> None:
     """First Ctrl-C/SIGTERM/SIGHUP: checkpoint at the next step and stop; a second one: stop at once.
     SIGHUP ignored (nohup) stays ignored: such a run is meant to outlive its terminal."""
+    startup.done()  # quiet_start's handlers give way
+
     def handler(signum, frame):
         if stop.requested:
             raise KeyboardInterrupt
         stop.request(signum)
-        print(f"\n{signal.Signals(signum).name}: stopping after this step (checkpoint first)", file=sys.stderr)
+        if os.environ.get("RANK", "0") == "0":  # every rank got it: one line for the run
+            print(f"\n{signal.Signals(signum).name}: stopping after this step (checkpoint first)", file=sys.stderr)
     for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
         if sig != signal.SIGHUP or signal.getsignal(sig) != signal.SIG_IGN:
             signal.signal(sig, handler)
+            # A system call the signal lands in restarts instead of failing with EINTR: the rendezvous'
+            # connect otherwise logged a C++ stack trace and retried. The handler still runs at once in Python.
+            signal.siginterrupt(sig, False)
+
+
+def ignore_stop_signals() -> None:
+    """From here on the exit code is decided (the run finished, or stopped with its checkpoint): a stop signal
+    that comes now (the launcher forwards each Ctrl-C; a second press) changes nothing."""
+    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, signal.SIG_IGN)
 
 
 def run_replica(cfg: Config, config_path: str) -> int:
@@ -97,14 +114,17 @@ def run_replica(cfg: Config, config_path: str) -> int:
         # SIGTERM, which checkpoints with the other replicas and stops, instead of training on unwatched and
         # holding run.dir's lock. Before the handlers below exist, SIGTERM just ends it.
         die_with_parent(signal.SIGTERM)
+    # Before setup: a stop signal during the rendezvous is a request the ranks agree on at the first step
+    # (checkpoint, exit 128 + N), not one rank leaving while the others wait for it in the group's start.
+    install_signal_handlers(stop)
     try:
         info = setup(cfg)
         if cfg.parallel.replicas not in (1, info.replicas):
             print0(info, f"parallel.replicas={cfg.parallel.replicas} is ignored: the launcher started {info.world} "
                          f"processes, {info.replicas} replica(s) of {info.model_size}")
         print0(info, f"config {config_path} (differences from the paper defaults):\n{summary(cfg)}")
-        install_signal_handlers(stop)
         result = Trainer(cfg, info, stop).fit()
+        ignore_stop_signals()  # the outcome is decided: a late Ctrl-C must not break the teardown
     except (ConfigError, DataError, BatchFileError) as e:
         print(f"train.py: error: {e}", file=sys.stderr)
         return 2
@@ -150,7 +170,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"train.py: error: {os_error_message(e)}", file=sys.stderr)
         return os_error_exit_code(e)
     except KeyboardInterrupt:  # before training started, or a second Ctrl-C: no checkpoint
-        print("train.py: interrupted; stopped without writing a checkpoint", file=sys.stderr)
+        if os.environ.get("RANK", "0") == "0":
+            print("train.py: interrupted; stopped without writing a checkpoint", file=sys.stderr)
         return 128 + signal.SIGINT
 
 
@@ -178,6 +199,8 @@ def exit_process(code: int) -> None:
 
 
 if __name__ == "__main__":
+    # keep_start_handlers: until training installs its handlers (or the launcher its forwarding), a stop
+    # signal still ends the start-up in one line; nothing is written before then.
     protect_streams("train.py", "standard output is gone (closed, or its reader went away): the output stops "
-                                "there, the training goes on")
+                                "there, the training goes on", keep_start_handlers=True)
     exit_process(main())

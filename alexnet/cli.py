@@ -17,6 +17,8 @@ from data.batchfile import BatchFileError
 from data.domains import COUNT, OneLineParser  # noqa: F401 (re-exported: the scripts' parser)
 from data.fsutil import os_error_exit_code, os_error_message
 
+from . import startup
+
 T = TypeVar("T")
 # A reader that went away (| head), a stream closed under us, a terminal hung up (ssh dropped): writes to
 # such a stream can never succeed again.
@@ -134,10 +136,14 @@ def _to_devnull(fd: int) -> None:
         os.close(null)
 
 
-def protect_streams(prog: str, lost_stdout: str = "") -> None:
+def protect_streams(prog: str, lost_stdout: str = "", keep_start_handlers: bool = False) -> None:
     """Call first in a script's __main__: standard streams closed at start (`>&-`) are opened on /dev/null
     (else the next file opened would take their number, and output would land in it), and stdout and stderr
-    become _Lossless. With `lost_stdout`, a vanished stdout is said once on stderr: `prog: lost_stdout`."""
+    become _Lossless. With `lost_stdout`, a vanished stdout is said once on stderr: `prog: lost_stdout`.
+    Stop signals go back to Python's handling from startup.quiet_start's, unless `keep_start_handlers`
+    (train.py: its own handlers take over later)."""
+    if not keep_start_handlers:
+        startup.done()
     for fd, name, mode in ((0, "stdin", "r"), (1, "stdout", "w"), (2, "stderr", "w")):
         try:
             os.fstat(fd)

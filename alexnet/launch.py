@@ -21,16 +21,19 @@ import os
 import select
 import signal
 import socket
-import struct
 import subprocess
 import sys
 import threading
 import time
 
+from . import startup
+
 ENV_HEARTBEAT = "ALEXNET_HEARTBEAT_FD"
 ENV_LOCK_FD = "ALEXNET_RUN_LOCK_FD"  # run.dir's lock, held by the launcher and inherited (alexnet/rundir.py)
-_RECORD = struct.Struct("<iqb")  # rank, collectives entered, kind
-_PROGRESS, _ALIVE, _GAVE_UP = 0, 1, 2
+_RECORD = startup.RECORD  # rank, collectives entered, kind
+_PROGRESS, _ALIVE, _GAVE_UP, _LISTENING = 0, 1, 2, startup.LISTENING
+# A replica that never says it listens (not train.py) gets a forwarded stop signal this long after it came.
+UNHEARD_FORWARD_S = 5.0
 LIVE_EVERY = 1.0  # seconds between a replica's "alive" records
 # Stop signals passed on to the replicas (each checkpoints and exits 128 + N: a stop, not a failure).
 FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
@@ -123,6 +126,13 @@ class Launcher:
         port = free_port()
         threads = replica_threads(replicas, os.environ)
         self.procs: list[subprocess.Popen] = []
+        # Forwarded from before the first start: a Ctrl-C while they start reaches each replica once
+        # (SIGHUP ignored, as under nohup, stays so).
+        self._watch_state(replicas)
+        startup.done()  # quiet_start's handlers give way
+        self.stop_signals = [s for s in FORWARDED if s != signal.SIGHUP or signal.getsignal(s) != signal.SIG_IGN]
+        for s in self.stop_signals:
+            signal.signal(s, self._forward)
         for rank in range(replicas):
             env = {**os.environ, "RANK": str(rank), "LOCAL_RANK": str(rank),
                    "WORLD_SIZE": str(replicas), "LOCAL_WORLD_SIZE": str(replicas), "MASTER_ADDR": "127.0.0.1",
@@ -137,16 +147,43 @@ class Launcher:
             self.procs.append(subprocess.Popen([sys.executable, script, *argv], env=env, pass_fds=fds,
                                                start_new_session=True))
         os.close(write_fd)
+
+    def _watch_state(self, replicas: int) -> None:
+        """What the launcher knows of each replica, from its heartbeats and the signals passed on."""
         self.counts = [0] * replicas
         self.beaten = [False] * replicas
         self.gave_up = [False] * replicas  # stopped because a collective failed (a peer's fault)
         self.progress_at = time.monotonic()
         self.seen_at = [time.monotonic()] * replicas  # the last record of any kind, per rank
+        self.forwarded = 0  # the first stop signal passed on to the replicas
+        self.listening = [False] * replicas  # quiet_start's handlers in place: a stop signal may be sent
+        self.pending: list[tuple[int, int, float]] = []  # (rank, signal, when) not sent yet
 
     def _forward(self, signum, frame) -> None:
-        for p in self.procs:
-            if p.poll() is None:
-                p.send_signal(signum)
+        """Pass a stop signal on to each replica once it listens (its quiet_start handlers in place, which it
+        says through the heartbeat pipe): a replica still starting its interpreter would die of it with a
+        traceback. Until then it is kept (`pending`) and sent when the replica says it listens."""
+        self.forwarded = self.forwarded or signum
+        for rank in range(len(self.listening)):  # those not started yet too
+            if self.listening[rank]:
+                if self.procs[rank].poll() is None:
+                    self.procs[rank].send_signal(signum)
+            else:
+                self.pending.append((rank, signum, time.monotonic()))
+
+    def _send_overdue(self) -> None:
+        """Pending signals of replicas that never said they listen (not train.py), after UNHEARD_FORWARD_S."""
+        self._send_pending(lambda rank, since: time.monotonic() - since > UNHEARD_FORWARD_S)
+
+    def _send_pending(self, due=lambda rank, since: True) -> None:
+        keep = []
+        for rank, signum, since in self.pending:
+            if rank < len(self.procs) and due(rank, since):
+                if self.procs[rank].poll() is None:
+                    self.procs[rank].send_signal(signum)
+            else:
+                keep.append((rank, signum, since))
+        self.pending = keep
 
     def _read_heartbeats(self, wait: float) -> None:
         """Read the records waiting in the pipe (all of them: with many replicas a read may not drain it)."""
@@ -163,6 +200,9 @@ class Launcher:
             self.counts[rank] = max(self.counts[rank], count)
             self.seen_at[rank] = time.monotonic()
             self.gave_up[rank] |= kind == _GAVE_UP
+            if kind == _LISTENING:
+                self.listening[rank] = True
+                self._send_pending(lambda r, since: r == rank)
             if kind == _PROGRESS:
                 self.beaten[rank] = True
                 self.progress_at = time.monotonic()
@@ -194,19 +234,18 @@ class Launcher:
 
     def run(self) -> int:
         """Wait for the replicas; the exit code is theirs, or 1 if one failed."""
-        old = {s: signal.signal(s, self._forward) for s in FORWARDED  # SIGHUP ignored: nohup, it stays so
-               if s != signal.SIGHUP or signal.getsignal(s) != signal.SIG_IGN}
         try:
             return self._watch()
         finally:
             self._stop_all()
-            for s, h in old.items():
-                signal.signal(s, h)
+            for s in self.stop_signals:  # the outcome is decided: a late Ctrl-C must not make it a traceback
+                signal.signal(s, signal.SIG_IGN)
             os.close(self.read_fd)
 
     def _watch(self) -> int:
         while True:
             self._read_heartbeats(0.2)
+            self._send_overdue()
             codes = [p.poll() for p in self.procs]
             failed = [r for r, code in enumerate(codes) if code not in (None, 0, *(128 + s for s in FORWARDED))]
             if failed:
@@ -214,7 +253,13 @@ class Launcher:
                 first = next((r for r in failed if not self.gave_up[r]), failed[0])  # a cause before an effect
                 return self._failed(first, codes[first])
             if all(c is not None for c in codes):
+                self._say_stopped_at_start()
                 return max(codes)
+            if self.forwarded and not any(self.beaten) and any(c == 128 + self.forwarded for c in codes):
+                # One stopped before the group formed: the others would wait for it until parallel.timeout.
+                # Nothing was written yet; they are stopped (run's end) and this says it once for all.
+                self._say_stopped_at_start()
+                return 128 + self.forwarded
             # Replicas stuck on a peer time out by themselves (parallel.timeout) and exit; this is the
             # backstop for a deadlock in which none of them does.
             silent = time.monotonic() - self.progress_at
@@ -222,6 +267,12 @@ class Launcher:
                 print(f"train.py: no replica reported progress for {silent:.0f} s; stopping all "
                       f"(collectives entered, by rank: {self.counts})", file=sys.stderr, flush=True)
                 return 1
+
+    def _say_stopped_at_start(self) -> None:
+        """The one line of a run stopped before any replica began (they say nothing at start-up)."""
+        if self.forwarded and not any(self.beaten):
+            print(f"train.py: interrupted by {signal.Signals(self.forwarded).name} while the replicas started; "
+                  "nothing was done", file=sys.stderr, flush=True)
 
     def _failed(self, rank: int, code: int) -> int:
         blame = self._culprit(rank) if self.gave_up[rank] else ""  # else it failed by itself: name it

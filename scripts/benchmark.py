@@ -21,6 +21,10 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from alexnet.startup import quiet_start  # noqa: E402
+
+quiet_start(__name__, "benchmark.py")  # a Ctrl-C while torch imports: one line, not a traceback
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from bench import checkpoint, exchange, large_batch, loading, parallel, preprocess, read, train  # noqa: E402

@@ -46,6 +46,10 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from alexnet.startup import quiet_start  # noqa: E402
+
+quiet_start(__name__, "convert_weights.py")  # a Ctrl-C while torch imports: one line, not a traceback
+
 from alexnet.checkpoint import load, refuse_non_finite, save_atomic  # noqa: E402
 from alexnet.cli import guarded, protect_streams  # noqa: E402
 from alexnet.models import ARCHS  # noqa: E402

@@ -58,6 +58,10 @@ from pathlib import Path  # noqa: E402
 HERE = Path(__file__).resolve().parent
 sys.path[:0] = [str(HERE.parent), str(HERE)]  # the repository (data, alexnet) and scripts/ (gpucheck)
 
+from alexnet.startup import quiet_start  # noqa: E402
+
+quiet_start(__name__, "gpu_check.py")  # a Ctrl-C while torch imports: one line, not a traceback
+
 from gpucheck.cli import main  # noqa: E402
 
 from alexnet.cli import protect_streams  # noqa: E402

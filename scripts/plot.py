@@ -17,6 +17,10 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from alexnet.startup import quiet_start  # noqa: E402
+
+quiet_start(__name__, "plot.py")  # a Ctrl-C while torch imports: one line, not a traceback
+
 from alexnet.cli import interrupt_code, protect_streams, stopping_on_signals  # noqa: E402
 from alexnet.metrics import read_metrics  # noqa: E402
 from data.domains import OneLineParser  # noqa: E402

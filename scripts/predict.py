@@ -26,6 +26,10 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from alexnet.startup import quiet_start  # noqa: E402
+
+quiet_start(__name__, "predict.py")  # a Ctrl-C while torch imports: one line, not a traceback
+
 import torch  # noqa: E402
 
 from alexnet.checkpoint import refuse_non_finite  # noqa: E402

@@ -22,6 +22,10 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from alexnet.startup import quiet_start  # noqa: E402
+
+quiet_start(__name__, "report.py")  # a Ctrl-C while torch imports: one line, not a traceback
+
 from alexnet.cli import guarded, positive, protect_streams  # noqa: E402
 from alexnet.distributed import pick_device  # noqa: E402
 from alexnet.evaluation import prepare  # noqa: E402

@@ -11,6 +11,10 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from alexnet.startup import quiet_start  # noqa: E402
+
+quiet_start(__name__, "upgrade_data.py")  # a Ctrl-C while torch imports: one line, not a traceback
+
 from alexnet.cli import protect_streams  # noqa: E402
 from data.upgrade import main  # noqa: E402
 

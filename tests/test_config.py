@@ -141,7 +141,7 @@ def test_shipped_configs_load(path):
 
 def test_shipped_config_set():
     assert {"demo", "alexnet_1gpu", "alexnet_2gpu", "alexnet_2gpu_model", "alexnet_4gpu_hybrid", "alexnet_8gpu_fc",
-            "alexnet_8gpu_goyal", "caffenet", "owt", "theano_continue", "alexnet_lars_8k", "alexnet_bn_lars_8k",
+            "alexnet_8gpu_goyal", "caffenet", "owt_squares", "theano_continue", "alexnet_lars_8k", "alexnet_bn_lars_8k",
             "alexnet_bn_lars_32k", "alexnet_sgd_8k"} <= {p.stem for p in CONFIGS}
 
 

@@ -187,3 +187,19 @@ def test_a_comm_refuses_a_rank_outside_its_group():
     for rank in (-1, 2):
         with pytest.raises(ValueError, match=f"^rank {rank} is not a member of a group of 2$"):
             SimComm(world, ("world",), rank, (0, 1))
+
+
+@pytest.mark.parametrize("transport, impl", [("ipc", "IpcAverage"), ("gloo", "AllReduceAverage")])
+def test_a_replicas_weights_exchange_takes_the_resolved_transport(transport, impl):
+    from alexnet.replica import Replica
+    from alexnet.simulate import run_ranks
+    cfg = load_config("configs/demo.yaml", ["model.width=0.125", "data.crop=67", "train.batch_size=4",
+                                             "parallel.replicas=2", "parallel.exchange=weights",
+                                             f"parallel.transport={transport}"])
+
+    def member(info):
+        replica = Replica(cfg, info, 4)
+        name = type(replica.exchange.impl).__name__
+        replica.close()
+        return name
+    assert run_ranks(2, member, 1, cfg) == [impl, impl]

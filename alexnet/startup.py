@@ -1,0 +1,52 @@
+"""A stop signal while a tool is still importing (torch takes seconds): one line and 128 + N, not a traceback.
+
+Every user script calls `quiet_start(__name__, PROG)` before its heavy imports; `cli.protect_streams`, the
+first call of every script's `__main__`, hands the signals back (`done`) to Python's own handling, which
+the tools then refine (`cli.stopping_on_signals`, train.py's handlers). Imported as a module (tests), a
+script changes nothing. A run of several processes says it once: train.py's launcher for its replicas,
+rank 0 under torchrun.
+"""
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import struct
+
+# The launcher's heartbeat records (alexnet/launch.py): rank, collectives entered, kind.
+RECORD = struct.Struct("<iqb")
+LISTENING = 3  # the kind a replica sends once quiet_start's handlers are in place
+_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+_saved: dict[int, object] = {}
+
+
+def quiet_start(module_name: str, prog: str) -> None:
+    """Until `done()`: SIGINT, SIGTERM and SIGHUP (unless ignored, as under nohup) end the process at once
+    with `prog: interrupted by SIG... while starting; nothing was done` and exit code 128 + N."""
+    if module_name != "__main__" or _saved:
+        return
+    # A replica of train.py's launcher (which says it once for all), or a rank other than 0 (torchrun's):
+    # one line per run, not per process.
+    quiet = "ALEXNET_HEARTBEAT_FD" in os.environ or os.environ.get("RANK", "0") != "0"
+
+    def stop(signum, frame) -> None:
+        if not quiet:
+            name = signal.Signals(signum).name
+            os.write(2, f"{prog}: interrupted by {name} while starting; nothing was done\n".encode())
+        os._exit(128 + signum)
+    for sig in _SIGNALS:
+        old = signal.getsignal(sig)
+        if old != signal.SIG_IGN:
+            _saved[sig] = old
+            signal.signal(sig, stop)
+    fd = os.environ.get("ALEXNET_HEARTBEAT_FD")
+    if fd:  # a replica of train.py's launcher, which forwards a stop signal only from now on
+        with contextlib.suppress(OSError, ValueError):
+            os.write(int(fd), RECORD.pack(int(os.environ.get("RANK", 0)), 0, LISTENING))
+
+
+def done() -> None:
+    """The handlers from before quiet_start (Python's: KeyboardInterrupt for SIGINT, the default for others)."""
+    while _saved:
+        sig, old = _saved.popitem()
+        signal.signal(sig, old)

@@ -94,9 +94,19 @@ def install_signal_handlers(stop: StopFlag) -> None:
     for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
         if sig != signal.SIGHUP or signal.getsignal(sig) != signal.SIG_IGN:
             signal.signal(sig, handler)
-            # A system call the signal lands in restarts instead of failing with EINTR: the rendezvous'
-            # connect otherwise logged a C++ stack trace and retried. The handler still runs at once in Python.
-            signal.siginterrupt(sig, False)
+
+
+@contextlib.contextmanager
+def signals_held():
+    """Stop signals wait (pending) while the group forms: one landing in the rendezvous' connect would fail
+    it with EINTR, which c10d logs with a C++ stack before retrying (poll and connect are not restarted).
+    Delivered when the block ends, to the handler (a stop request at the first step)."""
+    stops = {signal.SIGINT, signal.SIGTERM, signal.SIGHUP}
+    old = signal.pthread_sigmask(signal.SIG_BLOCK, stops)
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, old)
 
 
 def ignore_stop_signals() -> None:
@@ -118,7 +128,8 @@ def run_replica(cfg: Config, config_path: str) -> int:
     # (checkpoint, exit 128 + N), not one rank leaving while the others wait for it in the group's start.
     install_signal_handlers(stop)
     try:
-        info = setup(cfg)
+        with signals_held():
+            info = setup(cfg)
         if cfg.parallel.replicas not in (1, info.replicas):
             print0(info, f"parallel.replicas={cfg.parallel.replicas} is ignored: the launcher started {info.world} "
                          f"processes, {info.replicas} replica(s) of {info.model_size}")

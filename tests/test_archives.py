@@ -633,6 +633,7 @@ def test_a_train_folder_inside_a_tar_or_a_folder_is_taken_for_its_class_folders(
         (prep[0] / "meta.json").read_text())["classes"]
 
 
+@pytest.mark.processes  # preprocess's workers and the scripts
 @pytest.mark.parametrize("layout, words", [
     ({"n01440764": 2}, "gives one class, 'n01440764'"),
     ({"train": 2, "val": 1}, "gives a class named 'train', like a split"),

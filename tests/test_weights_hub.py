@@ -201,6 +201,7 @@ def test_offline_is_one_line_exit_1_from_the_script(tmp_path, published, capsys)
     assert "by hand" in err
 
 
+@pytest.mark.processes  # preprocess's worker
 def test_evaluate_fetches_checks_caches_and_evaluates_torchvision_by_name(server, published, synth,
                                                                          tmp_path_factory, tmp_path, capsys):
     """`evaluate.py --data D --weights torchvision` against the local server: the same numbers as the file

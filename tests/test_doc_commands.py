@@ -11,16 +11,14 @@ exist (test below); the CPU demo itself runs in tests/test_train.py (test_demo_c
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import re
 import shlex
-import sys
 
 import pytest
 
 from alexnet.config import load_config
 from tests.conftest import REPO
-from tests.test_option_domains import _capture, _Captured
+from tests.parsers import script_parser
 
 DOCUMENTS = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md")), REPO / "pretrained" / "README.md"]
 BLOCK = re.compile(r"```(?:bash|sh|shell)\n(.*?)```", re.S)
@@ -49,29 +47,6 @@ def documented_commands(documents=DOCUMENTS) -> list[tuple[str, list[str]]]:
                              else [word])]
                 found.append((f"{doc.relative_to(REPO)}:{line_no}", expanded))
     return found
-
-
-def _module(path: str):
-    """`path` (a script or tool) as a module, registered while it loads (its dataclasses look it up)."""
-    name = "_doc_" + re.sub(r"\W", "_", path)
-    spec = importlib.util.spec_from_file_location(name, REPO / path)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module
-    spec.loader.exec_module(module)
-    return module
-
-
-def script_parser(path: str) -> argparse.ArgumentParser:
-    module = _module(path)
-    mp = pytest.MonkeyPatch()
-    mp.setattr(argparse.ArgumentParser, "parse_args", _capture)
-    try:
-        module.main([])
-    except _Captured as e:
-        return e.parser
-    finally:
-        mp.undo()
-    raise AssertionError(f"{path}: main() parsed nothing")
 
 
 def _parse(path: str, args: list[str]) -> argparse.Namespace:

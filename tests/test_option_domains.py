@@ -19,32 +19,9 @@ import pytest
 
 from data.domains import Domain
 from tests import children
-from tests.conftest import REPO, load_script
+from tests.conftest import REPO
+from tests.parsers import script_parser
 from tests.test_script_help import user_scripts
-
-
-class _Captured(Exception):
-    def __init__(self, parser: argparse.ArgumentParser):
-        super().__init__(parser.prog)
-        self.parser = parser
-
-
-def _capture(self, args=None, namespace=None):
-    raise _Captured(self)
-
-
-def script_parser(script: str, monkeypatch) -> argparse.ArgumentParser:
-    """The parser `script`'s main() builds, captured at its parse_args call."""
-    folder, _, name = script.rpartition("/")
-    module = load_script(name.removesuffix(".py"), folder or ".")
-    monkeypatch.setattr(argparse.ArgumentParser, "parse_args", _capture)
-    try:
-        module.main([])
-    except _Captured as e:
-        return e.parser
-    finally:
-        monkeypatch.undo()
-    raise AssertionError(f"{script}: main() did not parse its arguments")
 
 
 def parsers(parser: argparse.ArgumentParser, prefix: tuple[str, ...] = ()):
@@ -64,13 +41,8 @@ def options(parser: argparse.ArgumentParser) -> list[argparse.Action]:
 
 @pytest.fixture(scope="module")
 def every_option() -> list[tuple[str, tuple[str, ...], argparse.Action, argparse.ArgumentParser]]:
-    mp = pytest.MonkeyPatch()
-    try:
-        found = [(script, words, action, p) for script in user_scripts()
-                 for words, p in parsers(script_parser(script, mp)) for action in options(p)]
-    finally:
-        mp.undo()
-    return found
+    return [(script, words, action, p) for script in user_scripts()
+            for words, p in parsers(script_parser(script)) for action in options(p)]
 
 
 def test_the_walk_finds_the_options_of_every_script_and_subcommand(every_option):

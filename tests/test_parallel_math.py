@@ -601,33 +601,24 @@ def test_the_weights_exchange_by_transport_its_bytes_and_no_files_left(transport
     assert _shm_files() == before
 
 
-def test_a_replicas_bytes_sent_count_the_weights_exchange():
-    layout = Layout(replicas=2, exchange="weights")
-    cfg = layout.config(**{"parallel.transport": "gloo"})
-
-    def member(info):
-        replica = Replica(cfg, info, CLASSES)
-        x, y = global_batches(layout, 1)[0]
-        replica.step(x[:4], y[:4], 1, NO_AUTOCAST)
-        return replica.sent_bytes(), replica.exchange.bytes_per_exchange()
-    for sent, size in run_ranks(2, member, 1, cfg):
-        assert sent == size  # one exchange over 2 replicas: 2 (2 - 1) / 2 of the buffer (8 bytes a value)
-
-
-def test_a_replicas_bytes_sent_in_gradients_mode_by_hand():
-    """2 replicas, gradients mode, one step: the first sends its weights to the second at the start (B bytes,
+@pytest.mark.parametrize("exchange", ["weights", "gradients"])
+def test_a_replicas_bytes_sent_by_hand(exchange):
+    """2 replicas, one step. Weights: one exchange moves 2 (2 - 1) / 2 of the weights-and-velocities buffer
+    from each (8 bytes a value). Gradients: the first sends its weights to the second at the start (B bytes,
     B = the parameters' bytes; a broadcast counts at its source), then each sends 2 (2 - 1) / 2 B for the
-    gradients' mean: 2B from the first, B from the second; no weights exchange to add."""
-    layout = Layout(replicas=2, exchange="gradients")
+    gradients' mean: 2B from the first, B from the second."""
+    layout = Layout(replicas=2, exchange=exchange)
     cfg = layout.config(**{"parallel.transport": "gloo"})
 
     def member(info):
         replica = Replica(cfg, info, CLASSES)
         x, y = global_batches(layout, 1)[0]
         replica.step(x[:4], y[:4], 1, NO_AUTOCAST)
-        return replica.sent_bytes(), sum(p.numel() * p.element_size() for p in replica.model.parameters())
-    (sent0, size), (sent1, _) = run_ranks(2, member, 1, cfg)
-    assert (sent0, sent1) == (2 * size, size) and size > 0
+        buffer = replica.exchange.bytes_per_exchange() if replica.exchange else 0
+        return replica.sent_bytes(), sum(p.numel() * p.element_size() for p in replica.model.parameters()), buffer
+    (sent0, size, buffer), (sent1, _, _) = run_ranks(2, member, 1, cfg)
+    want = (buffer, buffer) if exchange == "weights" else (2 * size, size)
+    assert (sent0, sent1) == want and min(want) > 0
 
 
 def test_a_resume_takes_momentum_and_decay_from_the_config():

@@ -1,0 +1,48 @@
+"""The parser a script builds, captured as it is about to parse (its main() is called, nothing runs), for tests
+that walk the scripts' own options (test_option_domains.py) or check documented commands against them
+(test_doc_commands.py)."""
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import re
+import sys
+
+import pytest
+
+from tests.conftest import REPO
+
+
+class _Captured(Exception):
+    def __init__(self, parser: argparse.ArgumentParser):
+        super().__init__(parser.prog)
+        self.parser = parser
+
+
+def _capture(self, args=None, namespace=None):
+    raise _Captured(self)
+
+
+def load(path: str):
+    """`path` (a script or tool, from the repository root) as a module, registered while it loads (the
+    dataclasses of a module look it up in sys.modules)."""
+    name = "_parsed_" + re.sub(r"\W", "_", path)
+    spec = importlib.util.spec_from_file_location(name, REPO / path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def script_parser(path: str) -> argparse.ArgumentParser:
+    """The parser `path`'s main() builds, captured at its parse_args call."""
+    module = load(path)
+    mp = pytest.MonkeyPatch()
+    mp.setattr(argparse.ArgumentParser, "parse_args", _capture)
+    try:
+        module.main([])
+    except _Captured as e:
+        return e.parser
+    finally:
+        mp.undo()
+    raise AssertionError(f"{path}: main() did not parse its arguments")

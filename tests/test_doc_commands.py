@@ -147,3 +147,9 @@ def test_dry_run_checks_config_data_and_run_dir_and_writes_nothing(train_data, t
     assert "fewer than one global batch" in capsys.readouterr().err and not run.exists()
     assert main([*base[:2], f"data.root={tmp_path / 'none'}", *base[3:]]) == 2
     assert not run.exists()
+    theirs = tmp_path / "theirs"  # run.dir a folder of the user's files: refused as a start refuses it
+    theirs.mkdir()
+    (theirs / "notes.txt").write_text("the user's")
+    assert main([*base[:3], f"run.dir={theirs}", *base[4:], "train.batch_size=8"]) == 2
+    assert "run.dir" in capsys.readouterr().err
+    assert sorted(p.name for p in theirs.iterdir()) == ["notes.txt"]

@@ -222,6 +222,56 @@ def test_a_stop_signal_reaches_each_running_replica_once_when_it_listens(monkeyp
     assert silent.procs[0].signals == [signal.SIGINT]  # once
 
 
+class StopsOnSignal(FakeProc):
+    """Ends with 128 + N once signalled; after `patience` polls without a signal it ends with 0."""
+
+    def __init__(self, pid: int, patience: int = 25):
+        super().__init__(pid)
+        self.patience = patience
+
+    def poll(self):
+        self.patience -= 1
+        if self.code is None and self.patience <= 0:
+            self.code = 0
+        return self.code
+
+    def send_signal(self, signum):
+        super().send_signal(signum)
+        self.code = 128 + signum
+
+
+class Stuck(StopsOnSignal):
+    """A replica waiting in the rendezvous for one that is gone: it takes no signal (ends with 0 after
+    `patience` polls, so that a launcher that waited for it returns at last)."""
+
+    def send_signal(self, signum):
+        self.signals.append(signum)
+
+
+def test_one_replica_stopped_while_starting_ends_the_run_without_waiting_for_the_others(capsys):
+    lau = launcher([None, None])
+    lau.procs = [StopsOnSignal(1000), Stuck(1001, patience=50)]
+    for rank in (0, 1):
+        send(lau, rank, 0, launch._LISTENING)
+    lau._read_heartbeats(0)
+    lau._forward(signal.SIGTERM, None)
+    code, err = _watch(lau, capsys)
+    assert code == 143 and lau.procs[1].code is None  # not waited for: the launcher's end kills it
+    assert err == "train.py: interrupted by SIGTERM while the replicas started; nothing was done\n"
+
+
+def test_the_watch_sends_a_signal_still_pending_for_a_replica_that_never_listens(monkeypatch, capsys):
+    """The launcher's own loop passes the pending signal on (after UNHEARD_FORWARD_S): the run ends with
+    128 + N and one line, since no replica had begun."""
+    monkeypatch.setattr(launch, "UNHEARD_FORWARD_S", 0.0)
+    lau = launcher([None])
+    lau.procs = [StopsOnSignal(1000)]
+    lau._forward(signal.SIGINT, None)
+    code, err = _watch(lau, capsys)
+    assert (code, lau.procs[0].signals) == (130, [signal.SIGINT])
+    assert err == "train.py: interrupted by SIGINT while the replicas started; nothing was done\n"
+
+
 # -- boundaries and wording, each by hand ---------------------------------------------------------------------
 
 def test_report_gave_up_sends_one_record_and_no_alive_thread(pipe, monkeypatch):

@@ -60,7 +60,7 @@ class _Files(http.server.BaseHTTPRequestHandler):
         self.wfile.write(body[start:])
 
     def log_message(self, *args):
-        pass
+        """Silent: http.server would log every request on stderr."""
 
 
 @pytest.fixture

@@ -16,7 +16,6 @@ SHA-256 and checks that prefix (``check_hash``); BVLC's model readmes give each 
 """
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import http.client
 import os
@@ -157,16 +156,9 @@ def _download(url: str, partial: Path, entry: Published, dest: Path, progress: b
 
 
 def _bar(total: int | None, initial: int, name: str, progress: bool):
-    if not progress:
-        return contextlib.nullcontext(_NoBar())
     from tqdm import tqdm
     return tqdm(total=total, initial=initial, unit="B", unit_scale=True, unit_divisor=1024, desc=name,
-                file=sys.stderr, dynamic_ncols=True)
-
-
-class _NoBar:
-    def update(self, n: int) -> None:
-        pass
+                file=sys.stderr, dynamic_ncols=True, disable=not progress)
 
 
 def digest_of(path: Path, algorithm: str) -> str:

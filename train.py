@@ -74,10 +74,15 @@ def dry_run(cfg: Config, world: int) -> int:
 
 
 def _layout_words(cfg: Config) -> str:
+    """`R replica(s)`, with ` x M (mode model parallel)` for model groups: the start line's words."""
     p = cfg.parallel
-    if p.model_size == 1:
-        return f"{p.replicas} replica(s)"
-    return f"{p.replicas} replica(s) x model groups of {p.model_size} ({p.model} model parallel)"
+    words = f"{p.replicas} replica(s)"
+    return words + (f" x {p.model_size} ({p.model} model parallel)" if p.model_size > 1 else "")
+
+
+def _says_for_the_run() -> bool:
+    """Rank 0 (or a process of its own) speaks for the run: every rank got the same signal."""
+    return os.environ.get("RANK", "0") == "0"
 
 
 def install_signal_handlers(stop: StopFlag) -> None:
@@ -89,7 +94,7 @@ def install_signal_handlers(stop: StopFlag) -> None:
         if stop.requested:
             raise KeyboardInterrupt
         stop.request(signum)
-        if os.environ.get("RANK", "0") == "0":  # every rank got it: one line for the run
+        if _says_for_the_run():
             print(f"\n{signal.Signals(signum).name}: stopping after this step (checkpoint first)", file=sys.stderr)
     for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
         if sig != signal.SIGHUP or signal.getsignal(sig) != signal.SIG_IGN:
@@ -107,13 +112,6 @@ def signals_held():
         yield
     finally:
         signal.pthread_sigmask(signal.SIG_SETMASK, old)
-
-
-def ignore_stop_signals() -> None:
-    """From here on the exit code is decided (the run finished, or stopped with its checkpoint): a stop signal
-    that comes now (the launcher forwards each Ctrl-C; a second press) changes nothing."""
-    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
-        signal.signal(sig, signal.SIG_IGN)
 
 
 def run_replica(cfg: Config, config_path: str) -> int:
@@ -135,7 +133,7 @@ def run_replica(cfg: Config, config_path: str) -> int:
                          f"processes, {info.replicas} replica(s) of {info.model_size}")
         print0(info, f"config {config_path} (differences from the paper defaults):\n{summary(cfg)}")
         result = Trainer(cfg, info, stop).fit()
-        ignore_stop_signals()  # the outcome is decided: a late Ctrl-C must not break the teardown
+        startup.ignore_stops()  # the outcome is decided: a late Ctrl-C must not break the teardown
     except (ConfigError, DataError, BatchFileError) as e:
         print(f"train.py: error: {e}", file=sys.stderr)
         return 2
@@ -181,17 +179,14 @@ def main(argv: list[str] | None = None) -> int:
         print(f"train.py: error: {os_error_message(e)}", file=sys.stderr)
         return os_error_exit_code(e)
     except KeyboardInterrupt:  # before training started, or a second Ctrl-C: no checkpoint
-        if os.environ.get("RANK", "0") == "0":
+        if _says_for_the_run():
             print("train.py: interrupted; stopped without writing a checkpoint", file=sys.stderr)
         return 128 + signal.SIGINT
 
 
 def launch(cfg: Config, args: argparse.Namespace, processes: int, lock_fd: int) -> int:
     """Start the processes of this host; they inherit run.dir's lock."""
-    what = f"{cfg.parallel.replicas} replica(s)"
-    if cfg.parallel.model_size > 1:
-        what += f" x {cfg.parallel.model_size} ({cfg.parallel.model} model parallel)"
-    print(f"train.py: starting {processes} processes on this host: {what}", flush=True)
+    print(f"train.py: starting {processes} processes on this host: {_layout_words(cfg)}", flush=True)
     return launch_local(__file__, [args.config, *args.overrides], processes, cfg.parallel.timeout, lock_fd)
 
 

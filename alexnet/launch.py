@@ -130,9 +130,9 @@ class Launcher:
         # (SIGHUP ignored, as under nohup, stays so).
         self._watch_state(replicas)
         startup.done()  # quiet_start's handlers give way
-        self.stop_signals = [s for s in FORWARDED if s != signal.SIGHUP or signal.getsignal(s) != signal.SIG_IGN]
-        for s in self.stop_signals:
-            signal.signal(s, self._forward)
+        for s in FORWARDED:
+            if s != signal.SIGHUP or signal.getsignal(s) != signal.SIG_IGN:
+                signal.signal(s, self._forward)
         for rank in range(replicas):
             env = {**os.environ, "RANK": str(rank), "LOCAL_RANK": str(rank),
                    "WORLD_SIZE": str(replicas), "LOCAL_WORLD_SIZE": str(replicas), "MASTER_ADDR": "127.0.0.1",
@@ -238,8 +238,7 @@ class Launcher:
             return self._watch()
         finally:
             self._stop_all()
-            for s in self.stop_signals:  # the outcome is decided: a late Ctrl-C must not make it a traceback
-                signal.signal(s, signal.SIG_IGN)
+            startup.ignore_stops()  # the outcome is decided: a late Ctrl-C must not make it a traceback
             os.close(self.read_fd)
 
     def _watch(self) -> int:

@@ -50,3 +50,10 @@ def done() -> None:
     while _saved:
         sig, old = _saved.popitem()
         signal.signal(sig, old)
+
+
+def ignore_stops() -> None:
+    """From here on the exit code is decided (the run finished, or stopped with its checkpoint; the launcher's
+    replicas all ended): a stop signal that comes now (a forwarded or second Ctrl-C) changes nothing."""
+    for sig in _SIGNALS:
+        signal.signal(sig, signal.SIG_IGN)

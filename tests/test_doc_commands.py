@@ -140,7 +140,7 @@ def test_dry_run_checks_config_data_and_run_dir_and_writes_nothing(train_data, t
     assert main([*base, "train.batch_size=8", "parallel.replicas=2", "parallel.model_size=2",
                  "parallel.model=fc"]) == 0
     out = capsys.readouterr().out
-    assert "would start 4 process(es): 2 replica(s) x model groups of 2 (fc model parallel)" in out
+    assert "would start 4 process(es): 2 replica(s) x 2 (fc model parallel)" in out
     assert "global batch 32 (8 per process), 1 steps an epoch" in out  # 48 training images // 32
     assert not run.exists()
     assert main([*base, "train.batch_size=64"]) == 2  # the data hold fewer images than one batch

@@ -88,7 +88,7 @@ clean-demo:
 # ignored) every time. Prints the per-module table and every mutant not killed; docs/MUTANTS.md has the
 # measured time on 2 cores and why each survivor is equivalent or left. One module: MUTATE='data.reader.*'.
 MUTATE ?= alexnet.optim.* alexnet.metrics.* alexnet.rundir.* alexnet.config.* data.augment.* data.reader.* \
-	alexnet.checkpoint.x*CheckpointDir* alexnet.checkpoint.x_*link_atomic* $(MUTATE_SINCE_ROUND_4) $(MUTATE_PARALLEL)
+	alexnet.checkpoint.x*CheckpointDir* alexnet.checkpoint.x_*link_atomic* $(MUTATE_SINCE_ROUND_4) $(MUTATE_PARALLEL) $(MUTATE_INPUTS)
 # Added by issue 28: the label readers, the archive index, geometry, the caffemodel wire reader, and by name
 # the class subsets (data.sources), evaluation's metrics and confusions, the report's tables.
 MUTATE_SINCE_ROUND_4 = data.devkit.* data.val_labels.* data.classnames.* data.archives.* data.geometry.* \
@@ -115,6 +115,8 @@ MUTATE_PARALLEL = alexnet.replica.* alexnet.exchange.* alexnet.large_batch.* ale
 	alexnet.distributed.x_slow_barrier* alexnet.distributed.x_alone* \
 	alexnet.launch.x?Heartbeat?* alexnet.launch.x_report_gave_up* alexnet.launch.x__how* \
 	alexnet.launch.x?Launcher?_[!_]*
+# Added by issues 33 and 34: the declared option domains, published weights by name.
+MUTATE_INPUTS = data.domains.* alexnet.weights.hub.*
 MUTMUT = $(PYTHON) -c 'from mutmut.__main__ import cli; cli()'
 # The parallel code's set alone (issue 32; docs/MUTANTS.md has its results and time).
 mutants-parallel:

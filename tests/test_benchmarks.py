@@ -136,8 +136,14 @@ def test_an_existing_json_is_not_replaced_without_force(tmp_path, capsys):
     from tests.conftest import load_script
     kept = tmp_path / "kept.json"
     kept.write_text('{"kept": true}')
+    import argparse
+
+    from tests.parsers import script_parser
     main = load_script("benchmark").main
-    for what in ("read", "large-batch", "train"):
+    subcommands = [a for a in script_parser("scripts/benchmark.py")._actions
+                   if isinstance(a, argparse._SubParsersAction)][0].choices
+    assert {"read", "large-batch", "train"} <= set(subcommands)
+    for what in subcommands:  # every subcommand, as the parser defines them
         with pytest.raises(SystemExit) as e:
             main([what, "--json", str(kept)])
         err = capsys.readouterr().err.strip()

@@ -86,6 +86,9 @@ def test_every_refused_value_of_every_option_exits_2_in_one_line_naming_it(every
 
 def test_a_domain_takes_its_own_values():
     from data.domains import COUNT, NON_NEGATIVE, NON_NEGATIVE_FLOAT, POSITIVE, at_least
+    big = 2**63 - 1  # the largest count: int64's
+    assert COUNT(str(big)) == at_least(1)(str(big)) == big and at_least(1).describe == "an integer >= 1"
+    assert at_least(16).refused[:2] == ("15", str(2**63))  # just below and just above, by hand
     assert (COUNT("1"), NON_NEGATIVE("0"), at_least(16)("16"), POSITIVE("1e-9"), NON_NEGATIVE_FLOAT("0")) == \
         (1, 0, 16, 1e-9, 0.0)
     for domain in (COUNT, NON_NEGATIVE, POSITIVE, NON_NEGATIVE_FLOAT, at_least(16)):

@@ -22,8 +22,9 @@ STALL_S = 0.5  # the client's timeout in these tests; the stalled route waits lo
 
 
 class _Files(http.server.BaseHTTPRequestHandler):
-    """GET /ROUTE/NAME: `good` serves the file (with ranges), `short` half of it then closes, `wrong` other
-    bytes of the same size, `stall` a few bytes then nothing, anything else 404. Requests are logged."""
+    """GET /ROUTE/NAME: `good` serves the file (with ranges; 416 past its end), `whole` all of it whatever the
+    range, `unsized` all of it without a Content-Length, `short` half of it then closes, `wrong` other bytes
+    of the same size, `stall` a few bytes then nothing, anything else 404. Requests are logged."""
 
     files: dict[str, bytes] = {}
     log: list[tuple[str, str | None]] = []
@@ -32,15 +33,24 @@ class _Files(http.server.BaseHTTPRequestHandler):
         route, _, name = self.path.strip("/").partition("/")
         self.log.append((self.path, self.headers.get("Range")))
         body = self.files.get(name)
-        if body is None or route not in ("good", "short", "wrong", "stall"):
+        if body is None or route not in ("good", "short", "wrong", "stall", "whole", "unsized"):
             self.send_error(404, "Not Found")
+            return
+        if route == "unsized":  # no Content-Length: the body ends when the connection closes
+            self.send_response(200)
+            self.end_headers()
+            self.wfile.write(body)
+            self.close_connection = True
             return
         if route == "wrong":
             body = bytes(255 - b for b in body)
         start = 0
         rng = self.headers.get("Range")
-        if rng and route == "good":
+        if rng and route == "good":  # "whole" ignores ranges, as some servers do
             start = int(rng.removeprefix("bytes=").rstrip("-"))
+            if start >= len(body):
+                self.send_error(416, "Range Not Satisfiable")
+                return
             self.send_response(206)
             self.send_header("Content-Range", f"bytes {start}-{len(body) - 1}/{len(body)}")
         else:
@@ -131,6 +141,7 @@ def test_a_path_that_exists_wins_over_a_name_and_a_bare_unknown_word_is_refused(
                                           r"set \(torchvision, bvlc_alexnet, bvlc_reference_caffenet"):
         hub.resolve("torchvisoin")
     assert hub.resolve("missing.pt") == Path("missing.pt")  # a file name: the format's own error names it
+    assert hub.resolve("runs/none") == Path("runs/none")  # a path, even without a suffix
 
 
 def test_a_file_cut_short_is_kept_as_partial_and_resumed_from_where_it_stopped(server, published, monkeypatch):
@@ -167,7 +178,8 @@ def test_a_damaged_cached_file_is_refused_naming_it(server, published):
     hub.resolve("tiny", progress=False)
     with open(_cached(entry), "r+b") as f:
         f.write(b"X")
-    with pytest.raises(FormatError, match=rf"{_cached(entry)} \(in the cache: delete it to fetch it again\)"):
+    with pytest.raises(FormatError, match=rf"{_cached(entry)} \(in the cache: delete it to fetch it again\).* "
+                                          rf"download {url}/good/tiny-file.bin \(its sha256"):
         hub.resolve("tiny", progress=False)
 
 
@@ -228,3 +240,67 @@ def test_evaluate_fetches_checks_caches_and_evaluates_torchvision_by_name(server
     assert results[0]["n"] == 16
     for r in results[1:]:
         assert (r["top1_err"], r["top5_err"], r["n"]) == (results[0]["top1_err"], results[0]["top5_err"], 16)
+
+
+def test_a_partial_file_is_resumed_or_restarted_as_the_server_answers(server, published, monkeypatch):
+    """A server that ignores the range sends the whole file again: the partial part is not kept in front of
+    it. A partial file that is already whole gets 416 for the range past its end: it is checked and used. A
+    404 with a partial file is a failure, not a finished download."""
+    url, files = server
+    files.files["tiny-file.bin"] = body = bytes(range(256)) * 40
+    entry = published("tiny", body, "http://127.0.0.1:9")  # the authors' host: never asked (the mirror is)
+    partial = hub.cache_dir() / (entry.file + ".partial")
+    partial.parent.mkdir(parents=True)
+    for route, before in (("whole", body[:100]), ("good", body)):
+        partial.write_bytes(before)
+        monkeypatch.setenv(hub.MIRROR_ENV, f"{url}/{route}")
+        assert hub.resolve("tiny", progress=False).read_bytes() == body, route
+        hub.cache_dir().joinpath(entry.file).unlink()
+    partial.write_bytes(body[:100])
+    monkeypatch.setenv(hub.MIRROR_ENV, f"{url}/missing")
+    with pytest.raises(hub.DownloadError, match="HTTP 404"):
+        hub.resolve("tiny", progress=False)
+
+
+def test_a_body_without_a_length_is_read_to_its_end(server, published, monkeypatch):
+    url, files = server
+    files.files["tiny-file.bin"] = body = b"no length" * 500
+    published("tiny", body, "http://127.0.0.1:9")
+    monkeypatch.setenv(hub.MIRROR_ENV, f"{url}/unsized/")  # a trailing slash: one, not two, in the URL
+    assert hub.resolve("tiny", progress=False).read_bytes() == body
+    assert files.log[-1][0] == "/unsized/tiny-file.bin"
+
+
+def test_the_messages_name_the_url_asked_and_where_the_file_goes_by_hand(server, published, monkeypatch):
+    """From a mirror, a failure names the URL asked (the mirror's), first and as the one to fetch by hand, to
+    the cache's path (the file's name, not its .partial); offline, the reason is the system's words."""
+    url, files = server
+    files.files["tiny-file.bin"] = body = bytes(range(256)) * 40
+    entry = published("tiny", body, "http://authors.invalid")
+    dest = hub.cache_dir() / entry.file
+    for route, error in (("wrong", FormatError), ("short", hub.DownloadError), ("missing", hub.DownloadError)):
+        monkeypatch.setenv(hub.MIRROR_ENV, f"{url}/{route}")
+        with pytest.raises(error) as e:
+            hub.resolve("tiny", progress=False)
+        message = str(e.value)
+        assert message.startswith(f"{url}/{route}/tiny-file.bin: "), (route, message)
+        assert f"download {url}/{route}/tiny-file.bin (its sha256 starts {entry.expected}) to {dest} by hand" \
+            in message, route
+        (dest.parent / (entry.file + ".partial")).unlink(missing_ok=True)
+    monkeypatch.setenv(hub.MIRROR_ENV, "http://127.0.0.1:9")  # nothing listens on the discard port
+    with pytest.raises(hub.DownloadError) as e:
+        hub.resolve("tiny", progress=False)
+    assert "Connection refused" in str(e.value) and "<urlopen error" not in str(e.value)
+    assert "download http://127.0.0.1:9/tiny-file.bin (its sha256" in str(e.value)
+
+
+def test_the_progress_bar_shows_the_file_and_its_size_on_stderr_only_when_asked(server, published, capsys):
+    url, files = server
+    files.files["tiny-file.bin"] = body = bytes(3 * 1024 * 1024)
+    published("tiny", body, f"{url}/good")
+    hub.resolve("tiny")  # the default: a bar
+    err = capsys.readouterr().err
+    assert "tiny-file.bin" in err and "3.00M/3.00M" in err and "100%" in err, err
+    hub.cache_dir().joinpath("tiny-file.bin").unlink()
+    hub.resolve("tiny", progress=False)
+    assert capsys.readouterr().err == ""

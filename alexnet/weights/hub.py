@@ -175,4 +175,4 @@ def _check(path: Path, entry: Published, url: str, cached: bool) -> None:
         where = f"{path} (in the cache: delete it to fetch it again)" if cached else url
         raise FormatError(f"{where}: {entry.algorithm} {got} does not start with the published "
                           f"{entry.expected}: not the file its authors published (damaged or replaced); "
-                          f"{_by_hand(entry.url, entry, path if cached else path.with_name(entry.file))}")
+                          f"{_by_hand(url, entry, path if cached else path.with_name(entry.file))}")

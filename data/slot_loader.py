@@ -185,6 +185,18 @@ def worker_main(spec: LoaderSpec, slots: Slots, free_events, conn, in_process: b
             conn.send(("error", traceback.format_exc()))
         if in_process:
             sys.exit(1)
+    finally:
+        if in_process:
+            release(slots)
+
+
+def release(slots: Slots) -> None:
+    """A loader process lets go of the trainer's slots before it exits. On a GPU they are CUDA IPC
+    views: the trainer may free that memory only once every process that opened it has closed it, and
+    a process's exit closes nothing (multiprocessing ends it without freeing its arguments), so the
+    trainer would warn at its own exit that its shared CUDA tensors were never released."""
+    slots.x.clear()
+    slots.y.clear()
 
 
 def _bad_data(path: str | None, text: str) -> BatchFileError | DataError:

@@ -197,6 +197,12 @@ def _ipc_gpu_replica(rank: int, world: int, port: int, out: str) -> None:
     device = torch.device("cuda", 0)
     torch.cuda.set_device(device)
     avg = IpcAverage(1000, device, TorchComm(dist.group.WORLD, None, rank, tuple(range(world))))
+    # The first exchange opens the other replica's memory, and the other replica may still be starting
+    # CUDA: the host waits for that once (on an H200 long enough for the sleep below to end), so the
+    # steps measured are the steady state after a warm-up and a barrier.
+    avg.average([torch.zeros(600, device=device), torch.zeros(400, device=device)])
+    torch.cuda.synchronize()
+    dist.barrier()
     results, host_waited = [], []
     for step in range(4):
         tensors = [torch.full((600,), float(rank + step), device=device), torch.full((400,), float(10 * rank))]

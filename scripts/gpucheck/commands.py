@@ -22,6 +22,9 @@ STEP_MARGIN = 4.0       # a step's commands stop this much before the runner kil
 POLL = 0.02             # seconds between looks at metrics.jsonl while waiting to interrupt
 DIST_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT",
              "GROUP_RANK", "ROLE_RANK", "TORCHELASTIC_RUN_ID")
+# A warning from torch's C++ side ("[W1127 22:53:19.866 CudaIPCTypes.cpp:16] Producer process has been
+# terminated before all shared CUDA tensors released"): something was left to the interpreter's exit.
+CPP_WARNING = re.compile(r"^\[W\d{4} \d\d:\d\d:\d\d\.\d+ [^\]]*\].*$", re.M)
 # --inject-failure STEP[:MODE] swaps the step's first command for one of these
 INJECTED = {"fail": "import sys; sys.exit('gpu_check: injected failure (--inject-failure)')",
             "slow": "import time; time.sleep(3600)  # gpu_check: injected overrun (--inject-failure STEP:slow)"}
@@ -105,10 +108,13 @@ def run_cmd(ctx: Ctx, label: str, cmd: list[str]) -> Done:
 
 
 def check(ctx: Ctx, label: str, cmd: list[str]) -> Done:
-    """run_cmd, failing the step unless the command exits 0."""
+    """run_cmd, failing the step unless the command exits 0 without a warning of torch's C++ side."""
     done = run_cmd(ctx, label, cmd)
     if done.rc != 0:
         raise StepFailed(f"{label} exited with code {done.rc}: {last_line(done.output)}")
+    warned = CPP_WARNING.search(done.output)
+    if warned:
+        raise StepFailed(f"{label} exited 0 but printed a warning of torch's C++ side: {warned.group(0)[:300]}")
     return done
 
 

@@ -2,14 +2,16 @@
 from __future__ import annotations
 
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 from .commands import check
-from .context import Ctx, StepFailed
+from .context import REL_TOL, Ctx, StepFailed
 
 # Dropout draws differ per replica; without it N replicas x B follow 1 replica x N*B exactly.
 SAME_UPDATE = {"model.dropout": 0.0}
 TWO_GPUS = {"parallel.devices": "[cuda:0,cuda:1]"}
+FLOOR_FACTOR = 10.0  # two rounding-level divergences differ by a few times at most; a defect by far more
 
 
 def train_cmd(ctx: Ctx, run_dir: Path, extra: dict | None = None, launcher: list[str] | None = None) -> list[str]:
@@ -59,12 +61,45 @@ def checkpoint_position(run_dir: Path) -> dict:
     return {k: int(state[k]) for k in ("epoch", "step", "global_step")}
 
 
+def reference_over(ctx: Ctx) -> dict:
+    extra = {**SAME_UPDATE, "train.batch_size": 2 * ctx.profile.batch}
+    if ctx.device == "cuda":
+        extra["run.device"] = "cuda:0"
+    return extra
+
+
 def reference_run(ctx: Ctx) -> Path:
     """1 replica with twice the batch, shared by the replica and model-parallel steps (a second call
     finds it finished, or resumes the one a cut step left)."""
     ref = ctx.work / "reference-2x-batch"
-    extra = {**SAME_UPDATE, "train.batch_size": 2 * ctx.profile.batch}
-    if ctx.device == "cuda":
-        extra["run.device"] = "cuda:0"
-    check(ctx, "reference", train_cmd(ctx, ref, extra))
+    check(ctx, "reference", train_cmd(ctx, ref, reference_over(ctx)))
     return ref
+
+
+def reference_floor(ctx: Ctx) -> float:
+    """The rounding floor of the 1 replica x 2B reference (its twin is made once, like the reference)."""
+    return rounding_floor(ctx, reference_run(ctx), reference_over(ctx), "reference-2-slices")
+
+
+def rounding_floor(ctx: Ctx, base: Path, over: dict, label: str) -> float:
+    """How far apart two runs end here that differ only in float rounding: the run `base` (made with the
+    overrides `over`) against the same run in 2 sequential micro-batches (train.slices=2), which sums
+    the same gradients in another order. On a GPU, cuDNN's algorithms (autotuned, and chosen per batch
+    size) round differently from run to run and training amplifies that step after step, so two correct
+    runs end far apart (on an H200, 2026-11-27: the replica and model-parallel comparisons 1.2e-3 to
+    2.5e-3 after 30 steps, the resume comparison 7.7e-2 after 60), where the CPU twin's stay below
+    REL_TOL. A comparison that misses REL_TOL is judged against this floor instead."""
+    twin = base.parent / f"{base.name}-2-slices"
+    check(ctx, label, train_cmd(ctx, twin, {**over, "train.slices": 2}))
+    return compare_weights(twin, base)["rel_diff"]
+
+
+def within_tolerance(rel: float, floor: Callable[[], float]) -> tuple[bool, str]:
+    """rel <= REL_TOL, else rel <= FLOOR_FACTOR x the rounding floor (asked for only then); the verdict
+    and the words that say which bar applied."""
+    if rel <= REL_TOL:
+        return True, f"<= {REL_TOL:g}"
+    f = floor()
+    limit = FLOOR_FACTOR * f
+    return rel <= limit, (f"{'within' if rel <= limit else 'above'} {FLOOR_FACTOR:g} x the rounding floor "
+                          f"{f:.1e} (limit {REL_TOL:g} missed; floor: the same run in 2 slices)")

@@ -31,7 +31,7 @@ def step_model_parallel(ctx: Ctx) -> Outcome:
             raise StepFailed(f"{mode}: the run did not report its model-parallel layout")
         fig = compare_weights(run, ref)
         same = positions(records(run)) == positions(records(ref))
-        ok, bar = within_tolerance(fig["rel_diff"], lambda: reference_floor(ctx))
+        ok, bar, fig["rounding_floor"] = within_tolerance(fig["rel_diff"], lambda: reference_floor(ctx))
         if not ok or not same:
             raise StepFailed(f"{mode}: weights rel diff {fig['rel_diff']:.2e} against 1 replica, {bar}, "
                              f"records {'match' if same else 'differ'}")

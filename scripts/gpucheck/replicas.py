@@ -30,7 +30,7 @@ def replicas_check(ctx: Ctx, extra: dict, expect: str, launcher: list[str] | Non
     figures = compare_weights(run, ref)
     rel, same = figures["rel_diff"], positions(records(run)) == positions(records(ref))
     figures.update(records_match=same, records=len(records(ref)))
-    ok, bar = within_tolerance(rel, lambda: reference_floor(ctx))
+    ok, bar, figures["rounding_floor"] = within_tolerance(rel, lambda: reference_floor(ctx))
     if not ok or not same:
         raise StepFailed(f"{expect}: weights rel diff {rel:.2e} against 1 replica x 2B, {bar}, "
                          f"records {'match' if same else 'differ'}")

@@ -11,7 +11,9 @@ from .context import REL_TOL, Ctx, StepFailed
 # Dropout draws differ per replica; without it N replicas x B follow 1 replica x N*B exactly.
 SAME_UPDATE = {"model.dropout": 0.0}
 TWO_GPUS = {"parallel.devices": "[cuda:0,cuda:1]"}
-FLOOR_FACTOR = 10.0  # two rounding-level divergences differ by a few times at most; a defect by far more
+# Measured on an H200 (2026-11-27), the comparisons ended 0.8 to 7.1 times their floor (resume 2.8e-2 vs
+# 3.7e-2; replicas, model parallel 1.3e-3 to 2.9e-3 vs 4.1e-4): 20 leaves room for that spread.
+FLOOR_FACTOR = 20.0
 
 
 def train_cmd(ctx: Ctx, run_dir: Path, extra: dict | None = None, launcher: list[str] | None = None) -> list[str]:
@@ -87,19 +89,19 @@ def rounding_floor(ctx: Ctx, base: Path, over: dict, label: str) -> float:
     the same gradients in another order. On a GPU, cuDNN's algorithms (autotuned, and chosen per batch
     size) round differently from run to run and training amplifies that step after step, so two correct
     runs end far apart (on an H200, 2026-11-27: the replica and model-parallel comparisons 1.2e-3 to
-    2.5e-3 after 30 steps, the resume comparison 7.7e-2 after 60), where the CPU twin's stay below
-    REL_TOL. A comparison that misses REL_TOL is judged against this floor instead."""
+    2.9e-3 after 30 steps, the resume comparison 2.8e-2 and 7.7e-2 after 60), where the CPU twin's stay
+    below REL_TOL. A comparison that misses REL_TOL is judged against this floor instead."""
     twin = base.parent / f"{base.name}-2-slices"
     check(ctx, label, train_cmd(ctx, twin, {**over, "train.slices": 2}))
     return compare_weights(twin, base)["rel_diff"]
 
 
-def within_tolerance(rel: float, floor: Callable[[], float]) -> tuple[bool, str]:
-    """rel <= REL_TOL, else rel <= FLOOR_FACTOR x the rounding floor (asked for only then); the verdict
-    and the words that say which bar applied."""
+def within_tolerance(rel: float, floor: Callable[[], float]) -> tuple[bool, str, float | None]:
+    """rel <= REL_TOL, else rel <= FLOOR_FACTOR x the rounding floor (asked for only then): the verdict,
+    the words that say which bar applied, and the floor (None where it was not needed)."""
     if rel <= REL_TOL:
-        return True, f"<= {REL_TOL:g}"
+        return True, f"<= {REL_TOL:g}", None
     f = floor()
     limit = FLOOR_FACTOR * f
     return rel <= limit, (f"{'within' if rel <= limit else 'above'} {FLOOR_FACTOR:g} x the rounding floor "
-                          f"{f:.1e} (limit {REL_TOL:g} missed; floor: the same run in 2 slices)")
+                          f"{f:.1e} (limit {REL_TOL:g} missed; floor: the same run in 2 slices)"), f

@@ -37,7 +37,8 @@ class Step:
 # slowest, often unbuildable).
 STEPS = [
     Step("data", "synthetic ImageNet-format data, preprocessed", step_data, (120, 60), ()),
-    Step("resume-sigint", "SIGINT mid-epoch (loader process), resume = uninterrupted (weights rel diff <= 1e-4)",
+    Step("resume-sigint", "SIGINT mid-epoch (loader process), resume = uninterrupted (weights rel diff <= 1e-4, "
+         "else <= 20 x the rounding floor)",
          step_resume, (120, 120)),
     Step("replicas-ipc", "2 replicas on one GPU, weights exchange via ipc = 1 replica x 2B", step_replicas_ipc,
          (120, 90)),

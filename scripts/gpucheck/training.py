@@ -48,7 +48,8 @@ def resume_check(ctx: Ctx, extra: dict, exact: bool) -> Outcome:
             raise StepFailed(f"{where}; metrics differ: {len(a)} records vs {len(b)} uninterrupted")
         return Outcome(f"{where}; resumed: weights and velocities bitwise equal, {len(b)} records identical",
                        figures)
-    ok, bar = within_tolerance(rel, lambda: rounding_floor(ctx, straight, over, "straight-2-slices"))
+    ok, bar, figures["rounding_floor"] = within_tolerance(
+        rel, lambda: rounding_floor(ctx, straight, over, "straight-2-slices"))
     if not ok or positions(a) != positions(b):
         raise StepFailed(f"{where}; resumed: weights rel diff {rel:.2e}, {bar}, records "
                          f"{'match' if positions(a) == positions(b) else 'differ'} ({len(a)} vs {len(b)})")

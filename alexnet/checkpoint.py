@@ -20,7 +20,7 @@ from typing import Any
 
 import torch
 
-from data.fsutil import os_error_in, os_error_message
+from data.fsutil import commit, os_error_in, os_error_message
 
 CHECKPOINT_KIND = "alexnet-checkpoint"  # the "kind" key of a training checkpoint
 EPOCH_FILE = re.compile(r"^epoch_(\d+)\.pt$")
@@ -60,7 +60,7 @@ def save_atomic(obj: dict, path: str | os.PathLike) -> None:
             torch.save(obj, f)
             f.flush()
             os.fsync(f.fileno())
-        os.replace(tmp, path)
+        commit(tmp, path)
     except (OSError, RuntimeError) as e:
         cause = os_error_in(e) or _full_disk(path.parent)
         if cause is None:
@@ -108,6 +108,13 @@ def refuse_non_finite(tensors: Any, source: str | os.PathLike) -> None:
                          "not usable")
 
 
+def _same_file(a: Path, b: Path) -> bool:
+    try:
+        return os.path.samefile(a, b)
+    except OSError:
+        return False
+
+
 def _link_atomic(src: Path, dst: Path) -> None:
     """Make `dst` name the same data as `src` (hard link, else copy), atomically."""
     tmp = dst.with_name(f".{dst.name}.{os.getpid()}.tmp")
@@ -117,7 +124,7 @@ def _link_atomic(src: Path, dst: Path) -> None:
     except OSError:
         import shutil
         shutil.copyfile(src, tmp)
-    os.replace(tmp, dst)
+    commit(tmp, dst)
 
 
 def load(path: str | os.PathLike, map_location: str | torch.device = "cpu", mmap: bool = False) -> dict:
@@ -274,6 +281,7 @@ class CheckpointDir:
         if bad is not None:
             raise CheckpointError(f"not writing a checkpoint to {self.root}: {bad} holds NaN or inf")
         self.root.mkdir(parents=True, exist_ok=True)
+        state = {**state, "is_best": is_best}  # what complete() needs if this save is cut short
         if epoch_done:
             path = self.root / f"epoch_{state['epoch']:03d}.pt"
             save_atomic(state, path)
@@ -284,6 +292,19 @@ class CheckpointDir:
             _link_atomic(self.last, self.best)
         self._prune()
         return self.last
+
+    def complete(self, state: dict, path: Path) -> list[str]:
+        """Finish what a save killed halfway left undone, for the state a run resumes from (`path`): a
+        best state (is_best) that best.pt does not hold yet is linked as best.pt. Returns what was done.
+
+        A save writes the state, then links last.pt, then best.pt; killed between, the rerun would
+        resume (or find the run finished) with best.pt still an older epoch's.
+        """
+        if not state.get("is_best") or _same_file(path, self.best):
+            return []
+        _link_atomic(path, self.best)
+        return [f"{self.best} now holds {path.name}'s state (epoch {state['epoch']}), the best so far; the save "
+                "that should have linked it was cut short"]
 
     def _prune(self) -> None:
         epochs = sorted(p for p in self.root.iterdir() if EPOCH_FILE.match(p.name))

@@ -32,6 +32,7 @@ from tqdm import tqdm
 
 from data.augment import Normalizer, center_crops, ten_crops
 from data.batchfile import open_batch_file
+from data.fsutil import commit
 from data.meta import check_files, class_difference
 from data.reader import BatchReader, SplitData
 
@@ -295,7 +296,7 @@ def _csv_rows(path: str | os.PathLike | None) -> Iterator[csv.writer | None]:
             yield writer
             f.flush()
             os.fsync(f.fileno())
-        os.replace(tmp, path)
+        commit(tmp, path)
     finally:
         tmp.unlink(missing_ok=True)
 

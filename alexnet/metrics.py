@@ -12,6 +12,8 @@ from pathlib import Path
 
 import torch
 
+from data.fsutil import commit, temp_path
+
 
 def topk_correct(logits: torch.Tensor, labels: torch.Tensor, ks: tuple[int, ...] = (1, 5)) -> torch.Tensor:
     """Number of samples whose label is among the top-k logits, for each k (a device tensor)."""
@@ -87,7 +89,7 @@ class MetricsLog:
         self._file.close()
         numbers = [int(m.group(1)) for p in self.path.parent.iterdir() if (m := _PREVIOUS.match(p.name))]
         kept = self.path.with_name(f"metrics.prev-{max(numbers, default=0) + 1}.jsonl")
-        os.replace(self.path, kept)
+        commit(self.path, kept)
         self._file = open(self.path, "a", encoding="utf-8")
         return kept
 
@@ -96,9 +98,9 @@ class MetricsLog:
         lines (each named)."""
         self._file.close()
         keep = [line for line in _lines(self.path, self.say) if line[1]["iter"] <= global_step]
-        tmp = self.path.with_name(f".{self.path.name}.tmp")
+        tmp = temp_path(self.path)
         tmp.write_text("".join(json.dumps(record) + "\n" for _, record in keep), encoding="utf-8")
-        os.replace(tmp, self.path)
+        commit(tmp, self.path)
         self._file = open(self.path, "a", encoding="utf-8")
 
     def write(self, record: dict) -> None:

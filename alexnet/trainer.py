@@ -389,6 +389,9 @@ class Trainer:
             return
         if state.get("kind") != CHECKPOINT_KIND:
             raise DataError(f"{path} is not a training checkpoint of this repository")
+        if self.dist.is_main and path.parent == self.ckpt.root:
+            for done in self.ckpt.complete(state, path):
+                print(done, flush=True)
         for change in check_resume(self.cfg, self.meta, state, path):
             print0(self.dist, f"changed on resume: {change}")
         self.replica.load_full_state(state["model"], state["optimizer"])

@@ -32,6 +32,7 @@ from pathlib import Path
 import h5py
 import numpy as np
 
+from .fsutil import commit, temp_path
 from .xxh3 import xxh3_64
 
 FORMAT_VERSION = 2
@@ -54,11 +55,6 @@ class BatchFileError(OSError):
 
 def batch_file_name(index: int) -> str:
     return f"{index:05d}{BATCH_FILE_SUFFIX}"
-
-
-def temp_path(path: Path) -> Path:
-    """A per-process temporary name beside `path`: never matched by the reader's file names."""
-    return path.with_name(f".{path.name}.{os.getpid()}.tmp")
 
 
 @contextmanager
@@ -93,7 +89,7 @@ def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> None:
             f.write(data)
             f.flush()
             os.fsync(f.fileno())
-        os.replace(tmp, path)
+        commit(tmp, path)
 
 
 def atomic_write_json(path: str | os.PathLike, obj) -> None:
@@ -147,7 +143,7 @@ def write_batch_file(path: str | os.PathLike, images: np.ndarray, labels: np.nda
                 f.attrs["dataset"] = dataset
         with open(tmp, "rb+") as fh:
             os.fsync(fh.fileno())
-        os.replace(tmp, path)
+        commit(tmp, path)
 
 
 _WRITE_PIECE = 1 << 20  # bytes per write() of image data

@@ -1,5 +1,6 @@
-"""File-system helpers shared by the tools: a directory lock that names its holder, the temporary files
-of dead processes, and the operating system's refusals as one line and an exit code.
+"""File-system helpers shared by the tools: the one place a written file takes its final name (`commit`),
+a directory lock that names its holder, the temporary files of dead processes, and the operating
+system's refusals as one line and an exit code.
 
 Exit codes follow the tools' rule: 2 for a bad input or path (read-only, no permission, not a
 directory), 1 for a failure of the machine (disk full, I/O error, out of memory).
@@ -34,6 +35,14 @@ _BAD_PATH = {errno.EROFS, errno.EACCES, errno.EPERM, errno.ENOENT, errno.ENOTDIR
              errno.ENAMETOOLONG, errno.ELOOP}
 
 
+# Test hooks of `commit` (tests/test_write_points.py): with WRITE_TRACE set to a file, each write point
+# appends "N PID MOMENT PATH" to it (N counts the moments of the whole process tree, in order); the thread
+# that reaches moment number PAUSE_AT then waits there (until WRITE_TRACE.go exists), for the test to kill
+# the tool right at that moment.
+WRITE_TRACE = "ALEXNET_WRITE_TRACE"
+PAUSE_AT = "ALEXNET_WRITE_PAUSE_AT"
+
+
 class DirInUse(DataError):
     """Another process holds the directory's lock."""
 
@@ -63,6 +72,47 @@ def os_error_in(e: BaseException) -> OSError | None:
         seen.add(id(e))
         e = e.__cause__ or e.__context__
     return None
+
+
+def temp_path(path: str | os.PathLike, keep_suffix: bool = False) -> Path:
+    """A per-process temporary name beside `path` (``.NAME.<pid>.tmp``; with `keep_suffix`,
+    ``.STEM.<pid>.tmp.SUFFIX``, for writers that choose the format by the name): never a name the tools
+    read, and swept by remove_stale_temps once its writer is dead."""
+    path = Path(path)
+    if keep_suffix:
+        return path.with_name(f".{path.stem}.{os.getpid()}.tmp{path.suffix}")
+    return path.with_name(f".{path.name}.{os.getpid()}.tmp")
+
+
+def commit(tmp: str | os.PathLike, path: str | os.PathLike) -> None:
+    """Give the finished file `tmp` its final name `path`, atomically (a reader sees the old file or the
+    new one, never a mix): the one place where the tools' files do, so that every write point can be
+    enumerated and interrupted by the tests, before the rename and after it. The temporaries that dead
+    writers left beside `path` go first, so no tool leaves behind what a killed run of it wrote."""
+    _write_point("before", path)
+    remove_stale_temps(Path(path).parent)  # what a killed writer left here: every tool sweeps where it writes
+    os.replace(tmp, path)
+    _write_point("after", path)
+
+
+def _write_point(moment: str, path: str | os.PathLike) -> None:
+    trace = os.environ.get(WRITE_TRACE)
+    if not trace:
+        return
+    import fcntl
+    import time
+    with open(trace, "a+", encoding="utf-8") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)  # several processes of one tool write (workers, replicas)
+        f.seek(0)
+        number = sum(1 for _ in f) + 1
+        f.write(f"{number} {os.getpid()} {moment} {path}\n")
+        f.flush()
+    if os.environ.get(PAUSE_AT) == str(number):
+        # This thread waits here (SIGSTOP would stop the process only once another thread, maybe, had
+        # done the rename) until the test, having killed the tool, lets it go on as if never held.
+        go = Path(f"{trace}.go")
+        while not go.exists():
+            time.sleep(0.01)
 
 
 def pid_alive(pid: int) -> bool:

@@ -50,7 +50,9 @@ from alexnet.startup import quiet_start  # noqa: E402
 
 quiet_start(__name__, "convert_weights.py")  # a Ctrl-C while torch imports: one line, not a traceback
 
-from alexnet.checkpoint import load, refuse_non_finite, save_atomic  # noqa: E402
+import torch  # noqa: E402
+
+from alexnet.checkpoint import CheckpointError, load, refuse_non_finite, save_atomic  # noqa: E402
 from alexnet.cli import guarded, protect_streams  # noqa: E402
 from alexnet.models import ARCHS  # noqa: E402
 from alexnet.weights.caffe import is_caffemodel  # noqa: E402
@@ -93,9 +95,37 @@ def _check_pt_destination(args: argparse.Namespace, what: str) -> Path:
     dst = Path(args.dst)
     if dst.is_dir():
         raise ValueError(f"{dst} is a folder; reading the {what} {args.src} writes a .pt file")
-    if dst.exists() and not args.force:
-        raise ValueError(f"{dst}: exists (pass --force to replace it)")
     return dst
+
+
+def _save_pt(obj: dict, dst: Path, force: bool) -> bool:
+    """Write `obj` to `dst`; an existing `dst` is replaced only with --force, unless it already holds
+    exactly `obj` (the same conversion run again, e.g. after it was killed once done): then nothing is
+    written and False returned."""
+    if dst.exists() and not force:
+        if _holds(dst, obj):
+            return False
+        raise ValueError(f"{dst}: exists and holds something else (pass --force to replace it)")
+    save_atomic(obj, dst)
+    return True
+
+
+def _holds(path: Path, obj: dict) -> bool:
+    try:
+        have = load(path)
+    except CheckpointError:
+        return False
+    return _same(have, obj)
+
+
+def _same(a, b) -> bool:
+    if isinstance(a, torch.Tensor) or isinstance(b, torch.Tensor):
+        return isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor) and a.dtype == b.dtype and a.equal(b)
+    if isinstance(a, dict) and isinstance(b, dict):
+        return a.keys() == b.keys() and all(_same(a[k], b[k]) for k in a)
+    if isinstance(a, (list, tuple)) and isinstance(b, (list, tuple)):
+        return len(a) == len(b) and all(_same(x, y) for x, y in zip(a, b))
+    return a == b
 
 
 def _refuse(args: argparse.Namespace, names: tuple[str, ...], when: str) -> None:
@@ -113,9 +143,9 @@ def from_theano(args: argparse.Namespace) -> str:
     style = args.dropout_style or "theano"
     te = read_theano(args.src, args.epoch, momentum=args.momentum)
     obj = theano_checkpoint(te, args.theano_conv, style)
-    save_atomic(obj, dst)
+    verb = "wrote" if _save_pt(obj, dst, args.force) else "unchanged (it already holds this conversion)"
     what = "training checkpoint (with momentum)" if args.momentum else "weights file"
-    line = (f"wrote {dst}: {what} of epoch {te.epoch} of {args.src}, caffenet width {te.width:g}, "
+    line = (f"{verb} {dst}: {what} of epoch {te.epoch} of {args.src}, caffenet width {te.width:g}, "
             f"{te.num_classes} classes, conv {args.theano_conv}, dropout style {style}")
     if args.momentum:
         line += (f"; next lr {te.lr:g}\ncontinue with: python train.py configs/theano_continue.yaml "
@@ -151,10 +181,10 @@ def from_caffe(args: argparse.Namespace) -> str:
     dst = _check_pt_destination(args, "Caffe model")
     obj = caffe_checkpoint(args.src, args.arch)
     refuse_non_finite(obj, args.src)
-    save_atomic(obj, dst)
+    verb = "wrote" if _save_pt(obj, dst, args.force) else "unchanged (it already holds this conversion)"
     m = obj["config"]["model"]
     config = "configs/caffenet.yaml" if m["arch"] == "caffenet" else "configs/alexnet_1gpu.yaml"
-    return (f"wrote {dst}: training checkpoint (epoch 0, no momentum) of {args.src} ({obj['source']['version']} "
+    return (f"{verb} {dst}: training checkpoint (epoch 0, no momentum) of {args.src} ({obj['source']['version']} "
             f"file), {m['arch']} width {m['width']:g}, {m['num_classes']} classes, LRN caffe, conv1 channels "
             f"reversed to RGB\nfine-tune with: python train.py {config} run.resume_from={dst} model.lrn=caffe"
             + (f" model.width={m['width']:g}" if m["width"] != 1 else ""))

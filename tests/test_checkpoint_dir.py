@@ -146,3 +146,42 @@ def test_load_newest_with_nothing_loadable_names_every_file(tmp_path):
 def test_epoch_file_pattern():
     assert checkpoint.EPOCH_FILE.match("epoch_007.pt") and checkpoint.EPOCH_FILE.match("epoch_1234.pt")
     assert not checkpoint.EPOCH_FILE.match("epoch_.pt") and not checkpoint.EPOCH_FILE.match("xepoch_001.pt")
+
+
+@pytest.mark.parametrize("cut_after", ["epoch file", "last.pt"])
+def test_complete_links_best_that_a_killed_save_left_behind(tmp_path, monkeypatch, cut_after):
+    """A save writes the epoch file, links last.pt, then best.pt; killed before best.pt, the state the run
+    resumes from says it was the best and complete() links it; a state that was not the best changes nothing."""
+    d = CheckpointDir(tmp_path, keep_last=5)
+    d.save(state(1, 1.0), epoch_done=True, is_best=True)
+    real = checkpoint._link_atomic
+    links = []
+
+    def killed(src, dst):  # the save dies at its first link (last.pt) or at its second (best.pt)
+        links.append(dst.name)
+        if dst.name == "best.pt" or cut_after == "epoch file":
+            raise KeyboardInterrupt
+        real(src, dst)
+    monkeypatch.setattr(checkpoint, "_link_atomic", killed)
+    with pytest.raises(KeyboardInterrupt):
+        d.save(state(2, 2.0), epoch_done=True, is_best=True)
+    monkeypatch.setattr(checkpoint, "_link_atomic", real)
+    assert value_in(tmp_path / "best.pt") == 1.0
+    loaded, path = d.load_newest()
+    resumed = 2 if cut_after == "last.pt" else 1
+    assert value_in(path) == resumed and loaded["is_best"] is True
+    said = d.complete(loaded, path)
+    assert same_file(tmp_path / "best.pt", path) and value_in(tmp_path / "best.pt") == resumed
+    assert said == ([] if resumed == 1 else [f"{tmp_path / 'best.pt'} now holds last.pt's state (epoch 2), the best "
+                                             "so far; the save that should have linked it was cut short"])
+    assert d.complete(loaded, path) == []  # done once
+
+
+def test_complete_leaves_best_of_a_state_that_was_not_the_best(tmp_path):
+    d = CheckpointDir(tmp_path)
+    d.save(state(1, 1.0), epoch_done=True, is_best=True)
+    d.save(state(2, 2.0), epoch_done=True, is_best=False)
+    loaded, path = d.load_newest()
+    assert loaded["is_best"] is False and d.complete(loaded, path) == []
+    assert value_in(tmp_path / "best.pt") == 1.0
+    assert d.complete({"epoch": 2}, path) == []  # a checkpoint older than is_best: nothing to go by

@@ -11,7 +11,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 from matplotlib.figure import Figure  # noqa: E402
 
-from data.fsutil import remove_stale_temps  # noqa: E402
+from data.fsutil import commit, remove_stale_temps  # noqa: E402
 
 from ..checkpoint import load  # noqa: E402
 from ..evaluation import class_words  # noqa: E402
@@ -28,7 +28,7 @@ def save_png(fig: Figure, out: str | os.PathLike, dpi: int = DPI) -> Path:
     tmp = out.with_name(f".{out.stem}.{os.getpid()}.tmp.png")
     try:
         fig.savefig(tmp, dpi=dpi, format="png")
-        os.replace(tmp, out)
+        commit(tmp, out)
     finally:
         plt.close(fig)
         tmp.unlink(missing_ok=True)

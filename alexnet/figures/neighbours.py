@@ -22,7 +22,7 @@ from torch import nn
 from tqdm import tqdm
 
 from data.augment import center_crops
-from data.fsutil import remove_stale_temps
+from data.fsutil import commit, remove_stale_temps
 from data.reader import SplitData
 
 from ..evaluation import Prepared, read_names
@@ -99,7 +99,7 @@ def train_features(prep: Prepared, train: SplitData, indices: np.ndarray, weight
         tmp = path.with_name(f".{path.stem}.{os.getpid()}.tmp.npz")
         try:
             np.savez(tmp, features=feats, indices=indices)
-            os.replace(tmp, path)
+            commit(tmp, path)
         finally:
             tmp.unlink(missing_ok=True)
     return feats, False

@@ -25,6 +25,8 @@ import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
+from data.fsutil import commit
+
 from .common import FormatError
 
 CHUNK = 1 << 20
@@ -112,7 +114,7 @@ def fetch(name: str, progress: bool = True, timeout: float = 30.0) -> Path:
     except FormatError:
         partial.unlink(missing_ok=True)  # resuming cannot mend it: the next try starts again
         raise
-    os.replace(partial, dest)
+    commit(partial, dest)
     return dest
 
 

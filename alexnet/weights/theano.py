@@ -13,6 +13,8 @@ import numpy as np
 import torch
 from torch import nn
 
+from data.fsutil import commit
+
 from ..checkpoint import _fsync_dir
 from .common import FormatError, check_style, load_npy, load_strict, new_model, weights_info
 from .theano_layout import (
@@ -151,7 +153,7 @@ def save_npy_atomic(path: Path, array: np.ndarray) -> None:
             np.save(f, array, allow_pickle=False)
             f.flush()
             os.fsync(f.fileno())
-        os.replace(tmp, path)
+        commit(tmp, path)
     finally:
         tmp.unlink(missing_ok=True)
 
@@ -176,21 +178,34 @@ def write_theano(folder: str | os.PathLike, te: TheanoEpoch, force: bool = False
     if folder.exists() and not folder.is_dir():
         raise FormatError(f"{folder}: exists and is not a folder")
     files = theano_files(te)
-    clash = [folder / n for n in files if (folder / n).exists()]
+    # A file that already holds exactly its array (the same conversion run again, e.g. after it was
+    # killed halfway) is kept as it is; one that holds something else is replaced only with `force`.
+    same = {n for n in files if not force and _holds(folder / n, files[n])}
+    clash = [folder / n for n in files if n not in same and (folder / n).exists()]
     if clash and not force:
         raise FormatError(f"{clash[0]}: exists ({len(clash)} files of epoch {te.epoch} would be replaced; "
                           "pass --force to replace them)")
     folder.mkdir(parents=True, exist_ok=True)
     written = []
     for name, array in files.items():
-        save_npy_atomic(folder / name, array)
-        written.append(folder / name)
+        if name not in same:
+            save_npy_atomic(folder / name, array)
+            written.append(folder / name)
     record = folder / "val_record.npy"
     if te.val_record is not None and not record.exists():
         save_npy_atomic(record, np.asarray(te.val_record, dtype=np.float32).reshape(-1, 2))
         written.append(record)
     _fsync_dir(folder)  # the renames themselves survive a crash
     return written
+
+
+def _holds(path: Path, array: np.ndarray) -> bool:
+    try:
+        have = np.load(path, allow_pickle=False)
+    except (OSError, ValueError):
+        return False
+    want = np.asarray(array)
+    return have.dtype == want.dtype and have.shape == want.shape and np.array_equal(have, want)
 
 
 # -- the model -----------------------------------------------------------------------------------------

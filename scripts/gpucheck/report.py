@@ -12,6 +12,8 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from data.fsutil import commit, temp_path
+
 from .benchmarks import bench_section, md_cell
 from .budget import Budget
 from .commands import REPO
@@ -128,6 +130,6 @@ def write_reports(out: Path, env: dict, args, results: list[Result], budget: Bud
               "steps": [{**asdict(r), "seconds": round(r.seconds, 1)} for r in results]}
     for name, text in (("gpu_check.json", json.dumps(report, indent=1, default=str) + "\n"),
                        ("gpu_check.md", render_md(env, args, results, budget))):
-        tmp = out / f".{name}.tmp"
+        tmp = temp_path(out / name)
         tmp.write_text(text)
-        tmp.replace(out / name)
+        commit(tmp, out / name)

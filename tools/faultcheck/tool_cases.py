@@ -128,8 +128,10 @@ CASES = [
          lambda w: cv(w.ctx.nan_copy(caffenet(w.ctx), "nan-caffenet"), w.w / "theano"), _theano_folder_has_no_nan),
     Case("convert-dst-read-only", "traceback", "the Theano folder on a read-only tmpfs", 2,
          ("{w}/ro/theano", READ_ONLY), lambda w: cv(caffenet(w.ctx), w.mount("ro", "size=1m,ro") / "theano")),
-    Case("convert-dst-exists", "silent", "a Theano folder written twice without --force", 2, ("--force",),
-         lambda w: (must(cv(caffenet(w.ctx), w.w / "theano")), cv(caffenet(w.ctx), w.w / "theano"))[1]),
+    Case("convert-dst-exists", "silent", "a Theano folder written over by another conversion (cudaconvnet) "
+         "without --force", 2, ("--force",),
+         lambda w: (must(cv(caffenet(w.ctx), w.w / "theano")),
+                    cv(caffenet(w.ctx), w.w / "theano", "--theano-conv", "cudaconvnet"))[1]),
     Case("predict-image-missing", "traceback", "an image that does not exist", 2, ("{w}/nope.jpg",),
          lambda w: pr(w, w.w / "nope.jpg")),
     Case("predict-image-garbage", "traceback", "an image of random bytes", 2, ("{w}/junk.jpg",),

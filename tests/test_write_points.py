@@ -1,0 +1,196 @@
+"""Every write point of every tool that writes, killed at: the tools' files take their final names only in
+data.fsutil.commit (checked over the source), whose test hook numbers each moment at run time (before and
+after each rename); the tool is killed with SIGKILL at a moment drawn per run (seeded, the seed printed;
+ALEXNET_WRITE_POINTS=all: every moment), no process of it survives, and the same command again gives the
+uninterrupted run's output with no temporary left (tests/write_points.py says how).
+
+A new write (a new commit call) is a new moment without an edit here; a new user script must be listed
+below as walked or as writing nothing to resume (test_every_script_is_walked_or_declared)."""
+from __future__ import annotations
+
+import ast
+import os
+import random
+import shutil
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+
+from tests import figure_runs
+from tests.conftest import REPO, tiny_overrides
+from tests.write_points import differences, run_tool, snapshot, temporaries
+
+# Its tests start processes (the tools): not in make test-fast (pytest.ini).
+pytestmark = pytest.mark.processes
+
+SEED = int(os.environ.get("ALEXNET_WRITE_SEED") or random.SystemRandom().randrange(10**6))
+EVERY = os.environ.get("ALEXNET_WRITE_POINTS") == "all"
+LOADER = {"data.loading": "process", "run.device": "cpu"}  # the demo's: a loader process per trainer
+# The library: where a file may take its final name only through data.fsutil.commit.
+SOURCES = ("alexnet", "data", "scripts", "train.py")
+
+
+@dataclass
+class Case:
+    """A tool's command for an output folder `out` (made fresh by `fresh` before each run)."""
+
+    argv: Callable[[Path], list[str]]
+    fresh: Callable[[Path], None] = lambda out: out.mkdir(parents=True)
+    ignore: tuple[str, ...] = ()        # files whose presence after a kill is by design (named where used)
+    inputs: dict = field(default_factory=dict)
+
+
+def _copy_of(source: Path) -> Callable[[Path], None]:
+    return lambda out: shutil.copytree(source, out)
+
+
+def _cases(factory) -> dict[str, Case]:
+    data = figure_runs.named_data(factory)
+    run = figure_runs.demo_run(factory)
+    src = data.parent / "src"
+    ckpt = run / "checkpoints" / "last.pt"
+    return {
+        # A run killed before its first checkpoint keeps that attempt's records as metrics.prev-N.jsonl (so
+        # that no step is recorded twice): by design, the one file the rerun adds.
+        "train": Case(lambda out: ["train.py", "configs/demo.yaml", *tiny_overrides(data, out, **LOADER)],
+                      fresh=lambda out: None, ignore=("metrics.prev-*.jsonl",)),
+        # train.py's own launcher, its 2 replicas (sessions of their own) and their loader processes
+        "train:replicas": Case(lambda out: ["train.py", "configs/demo.yaml",
+                                            *tiny_overrides(data, out, **LOADER, **{"parallel.replicas": 2})],
+                               fresh=lambda out: None, ignore=("metrics.prev-*.jsonl",)),
+        "preprocess": Case(lambda out: ["scripts/preprocess.py", "--train-dir", str(src / "train"), "--val-dir",
+                                        str(src / "val"), "--val-labels", str(src / "val.txt"), "--out", str(out),
+                                        "--size", "72", "--per-file", "16", "--workers", "2", "--quiet"],
+                           fresh=lambda out: None),
+        "evaluate": Case(lambda out: ["scripts/evaluate.py", "--data", str(data), "--weights", str(ckpt),
+                                      "--json", str(out / "eval.json"), "--csv", str(out / "eval.csv"),
+                                      "--no-progress", "--crops", "10"]),
+        "report": Case(lambda out: ["scripts/report.py", str(out), "--no-progress", "--train-images", "20"],
+                       fresh=_copy_of(run)),
+        "figures": Case(lambda out: ["scripts/figures.py", "--weights", str(ckpt), "--data", str(data), "--out",
+                                     str(out), "--n-images", "4", "--train-images", "20", "--queries", "2",
+                                     "--neighbours", "3"], fresh=lambda out: None),
+        "plot": Case(lambda out: ["scripts/plot.py", str(run), "--out", str(out / "curve.png")]),
+        "convert_weights": Case(lambda out: ["scripts/convert_weights.py", str(theano_folder(factory)),
+                                             str(out / "converted.pt")]),
+        "convert_weights:to-theano": Case(lambda out: ["scripts/convert_weights.py", str(theano_pt(factory)),
+                                                       str(out / "theano")]),
+        "upgrade_data": Case(lambda out: ["scripts/upgrade_data.py", str(out), "--quiet"],
+                             fresh=_copy_of(format_1(factory, data))),
+    }
+
+
+TOOLS = ["train", "train:replicas", "preprocess", "evaluate", "report", "figures", "plot", "convert_weights",
+         "convert_weights:to-theano", "upgrade_data"]  # script[:what], a script may write in several ways
+# Scripts that write nothing a later run resumes from or reads (what they print, or a generated test
+# input that is written again whole), with the reason.
+NOT_WALKED = {
+    "predict": "prints its predictions; writes no file",
+    "make_synthetic": "writes generated test images; run again it writes them all again",
+    "benchmark": "its --json is one atomic write (commit) of measurements, not resumable work",
+    "gpu_check": "writes its report through commit; its steps are the other tools",
+}
+
+
+def theano_folder(factory) -> Path:
+    from tests.test_theano_weights import EPOCH, write_folder
+    folder = factory.getbasetemp() / "write_points_theano"
+    if not folder.exists():
+        write_folder(folder / "weights", EPOCH, seed=4)
+    return folder / "weights"
+
+
+def theano_pt(factory) -> Path:
+    """The Theano folder converted to our .pt (caffenet, the paper's LRN): what converts back to a folder."""
+    path = factory.getbasetemp() / "write_points_theano.pt"
+    if not path.exists():
+        from tests.conftest import run_script
+        r = run_script("scripts/convert_weights.py", str(theano_folder(factory)), str(path))
+        assert r.returncode == 0, r.stderr
+    return path
+
+
+def format_1(factory, data: Path) -> Path:
+    from tests.test_fastread import format_1_copy
+    folder = factory.getbasetemp() / "write_points_format_1"
+    if not folder.exists():
+        format_1_copy(data, folder)
+    return folder
+
+
+@pytest.fixture(scope="module")
+def cases(tmp_path_factory) -> dict[str, Case]:
+    print(f"write points: seed {SEED} (ALEXNET_WRITE_SEED={SEED} draws the same moments; "
+          "ALEXNET_WRITE_POINTS=all tries every one)")
+    return _cases(tmp_path_factory)
+
+
+def test_every_script_is_walked_or_declared(cases):
+    scripts = {p.stem for p in (REPO / "scripts").glob("*.py")} | {"train"}
+    walked = {t.split(":")[0] for t in TOOLS}
+    assert set(cases) == set(TOOLS) and not walked & set(NOT_WALKED)
+    assert walked | set(NOT_WALKED) == scripts, (
+        f"walked: {sorted(walked)}; declared: {sorted(NOT_WALKED)}; scripts: {sorted(scripts)}")
+
+
+def _renames(path: Path, root: Path = REPO) -> list[str]:
+    """Calls that give a file a new name (os.replace/rename, shutil.move, Path.rename, Path.replace with one
+    argument, str.replace has two) outside data/fsutil.py's commit."""
+    found = []
+    tree = ast.parse(path.read_text(), str(path))
+    for node in ast.walk(tree):
+        if isinstance(node, ast.FunctionDef) and node.name == "commit" and path.name == "fsutil.py":
+            for inner in ast.walk(node):
+                inner.allowed = True  # type: ignore[attr-defined]
+    for node in ast.walk(tree):
+        if not isinstance(node, ast.Call) or getattr(node, "allowed", False):
+            continue
+        f = node.func
+        name = ast.unparse(f)
+        if (name in ("os.replace", "os.rename", "os.renames", "shutil.move")
+                or (isinstance(f, ast.Attribute) and f.attr == "rename")
+                or (isinstance(f, ast.Attribute) and f.attr == "replace" and len(node.args) + len(node.keywords) == 1)):
+            found.append(f"{path.relative_to(root)}:{node.lineno}: {ast.unparse(node)}")
+    return found
+
+
+def test_every_rename_goes_through_commit():
+    files = [p for s in SOURCES for p in ([REPO / s] if s.endswith(".py") else (REPO / s).rglob("*.py"))]
+    found = [hit for p in files for hit in _renames(p)]
+    assert not found, "a file takes its final name outside data.fsutil.commit:\n" + "\n".join(found)
+
+
+def test_the_rename_check_finds_a_planted_rename(tmp_path):
+    planted = tmp_path / "fsutil.py"
+    planted.write_text("import os, shutil\nfrom pathlib import Path\n\ndef f(a, b):\n    os.replace(a, b)\n"
+                       "    Path(a).replace(b)\n    'x'.replace('a', 'b')\n    shutil.move(a, b)\n"
+                       "    Path(a).rename(b)\n\ndef commit(a, b):\n    os.replace(a, b)\n")
+    assert [h.split(": ", 1)[1] for h in _renames(planted, tmp_path)] == [
+        "os.replace(a, b)", "Path(a).replace(b)", "shutil.move(a, b)", "Path(a).rename(b)"]
+
+
+@pytest.mark.parametrize("tool", TOOLS)
+def test_killed_at_a_write_point_the_tool_reruns_to_the_same_output(tool, cases, tmp_path):
+    """The uninterrupted run and each killed one write to the same path (outputs may hold their own path,
+    a cache key made of it, a plot legend with the folder's name)."""
+    case, out = cases[tool], tmp_path / "out"
+    case.fresh(out)
+    done = run_tool(case.argv(out), tmp_path)
+    assert done.rc == 0, done.output[-3000:]
+    moments = len(done.trace)
+    assert moments >= 2 and moments % 2 == 0, done.trace  # a rename is two moments: before and after
+    want = snapshot(out, case.ignore)
+    rng = random.Random(f"{SEED}-{tool}")
+    for k in (range(1, moments + 1) if EVERY else [rng.randint(1, moments)]):
+        shutil.rmtree(out)
+        case.fresh(out)
+        killed = run_tool(case.argv(out), tmp_path, pause_at=k)
+        assert killed.rc == -9, killed.output[-2000:]
+        where = f"{tool} killed at moment {k} of {moments} ({killed.trace[k - 1][2]} {killed.trace[k - 1][3]})"
+        again = run_tool(case.argv(out), tmp_path)
+        assert again.rc == 0, f"{where}; the rerun exited {again.rc}: {again.output[-3000:]}"
+        assert not temporaries(out), f"{where}; left: {temporaries(out)}"
+        diff = differences(snapshot(out, case.ignore), want)
+        assert not diff, f"{where}; the rerun's output differs from the uninterrupted run's: {diff}"

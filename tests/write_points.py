@@ -1,0 +1,221 @@
+"""Every write point of the tools, found at run time and killed at (tests/test_write_points.py).
+
+A tool's files take their final names in one place, data.fsutil.commit; with ALEXNET_WRITE_TRACE set it
+records each moment (before and after each rename) of the whole process tree, numbered in order, and the
+thread that reaches moment ALEXNET_WRITE_PAUSE_AT waits there. The test then does what `kill -9`,
+a batch scheduler's timeout or the out-of-memory killer does to the tool: SIGKILL to its top process
+only, and lets the held thread go on (in a child, which must then end by itself). Then:
+
+- no process of the tool survives it (each child must die with its parent, by itself);
+- the same command again finishes (exit 0) with the output an uninterrupted run gives, and leaves no
+  temporary file.
+
+Outputs are compared by content (`snapshot`): batch files by their arrays and attributes, checkpoints by
+their tensors, JSON and metrics without wall-clock fields or the preprocessed output's random identity.
+"""
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from data.fsutil import PAUSE_AT, TEMP_FILE, WRITE_TRACE
+from tests.conftest import REPO
+
+TOKEN = "ALEXNET_WRITE_POINT_RUN"  # in the environment of every process of a killed run: its survivors
+GONE_S = 60.0   # how long the tool's processes may take to end after their parent (a generous bound: a
+                # process that has no way to learn of its parent's death never ends at all)
+# Values that differ from run to run by design: the wall clock, and the random identity that ties a
+# preprocessed output's files together (checked against each other, not against another run).
+VOLATILE = re.compile(r"(^|_)(time|times|seconds|s|wall|date|started|finished|elapsed|img_per_s|dataset|"
+                      r"created|host|pid|duration|when|started_at|speed|cached|last_run)$")
+# (cached: whether a cache served this run; last_run: what this run itself did, e.g. a resumed preprocess)
+
+
+@dataclass
+class Run:
+    rc: int | None
+    output: str
+    trace: list[tuple[int, int, str, str]]   # (number, pid, moment, path)
+
+
+def read_trace(path: Path) -> list[tuple[int, int, str, str]]:
+    if not path.exists():
+        return []
+    rows = []
+    for line in path.read_text().splitlines():
+        n, pid, moment, target = line.split(" ", 3)
+        rows.append((int(n), int(pid), moment, target))
+    return rows
+
+
+def _with_token(token: str) -> list[int]:
+    """Live processes whose environment holds `token` (this user's; zombies excluded)."""
+    found = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit() or int(entry) == os.getpid():
+            continue
+        try:
+            with open(f"/proc/{entry}/environ", "rb") as f:
+                if f"{TOKEN}={token}".encode() not in f.read().split(b"\0"):
+                    continue
+            with open(f"/proc/{entry}/stat") as f:
+                if f.read().rsplit(") ", 1)[1][:1] == "Z":
+                    continue
+        except OSError:
+            continue
+        found.append(int(entry))
+    return found
+
+
+def _cmdline(pid: int) -> str:
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return f.read().replace(b"\0", b" ").decode(errors="replace").strip()
+    except OSError:
+        return "?"
+
+
+def run_tool(argv: list[str], work: Path, pause_at: int | None = None, timeout: float = 600) -> Run:
+    """Run `argv` (a repository script and its arguments) with the write trace on; with `pause_at`, kill
+    its top process with SIGKILL once the tree reaches that moment, and require that no process of it
+    outlives it."""
+    trace = work / f"trace-{uuid.uuid4().hex[:8]}.txt"
+    token = uuid.uuid4().hex
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", WRITE_TRACE: str(trace), TOKEN: token}
+    if pause_at is not None:
+        env[PAUSE_AT] = str(pause_at)
+    log = work / f"log-{uuid.uuid4().hex[:8]}.txt"
+    with open(log, "w") as out:
+        proc = subprocess.Popen([sys.executable, *argv], cwd=REPO, env=env, stdout=out, stderr=subprocess.STDOUT,
+                                start_new_session=True)
+    deadline = time.monotonic() + timeout
+    try:
+        if pause_at is None:
+            proc.wait(timeout=timeout)
+            return Run(proc.returncode, log.read_text(errors="replace"), read_trace(trace))
+        paused = None
+        while paused is None and proc.poll() is None and time.monotonic() < deadline:
+            rows = [r for r in read_trace(trace) if r[0] == pause_at]
+            if rows:
+                paused = rows[0][1]  # its thread waits in the hook, right at the moment
+            else:
+                time.sleep(0.02)
+        if paused is None:
+            raise AssertionError(f"moment {pause_at} never came (exit {proc.poll()}): "
+                                 f"{log.read_text(errors='replace')[-2000:]}")
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait()
+        Path(f"{trace}.go").touch()  # the hold was the test's: a child held there goes on as it would
+        end = time.monotonic() + GONE_S
+        while (left := _with_token(token)) and time.monotonic() < end:
+            time.sleep(0.05)
+        if left:
+            listing = "; ".join(f"{p}: {_cmdline(p)}" for p in left)
+            for p in left:
+                with_suppressed_kill(p)
+            raise AssertionError(f"{len(left)} process(es) outlived the tool's top process by {GONE_S:.0f} s: "
+                                 f"{listing}")
+        return Run(proc.returncode, log.read_text(errors="replace"), read_trace(trace))
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+
+
+def with_suppressed_kill(pid: int) -> None:
+    try:
+        os.kill(pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+
+
+# -- what a run leaves, by content ------------------------------------------------------------------------
+
+def _plain(value, root: str):
+    """JSON-like data without its volatile keys, the output folder's own path written <OUT>."""
+    if isinstance(value, dict):
+        return {k: _plain(v, root) for k, v in value.items() if not VOLATILE.search(str(k))}
+    if isinstance(value, (list, tuple)):
+        return [_plain(v, root) for v in value]
+    if isinstance(value, str):
+        return value.replace(root, "<OUT>")
+    return value
+
+
+def _h5(path: Path, root: str) -> dict:
+    import h5py
+    out = {}
+    with h5py.File(path, "r") as f:
+        for name, ds in f.items():
+            out[name] = np.asarray(ds[()]).tobytes() if ds.dtype.kind != "O" else [str(x) for x in ds[()]]
+        out["attrs"] = _plain({k: (v.tolist() if hasattr(v, "tolist") else v) for k, v in f.attrs.items()}, root)
+    return out
+
+
+def _pt(path: Path, root: str) -> dict:
+    import torch
+
+    def flat(value, name=""):
+        if isinstance(value, torch.Tensor):
+            return {name: (str(value.dtype), tuple(value.shape), value.cpu().numpy().tobytes())}
+        if isinstance(value, dict):
+            out = {}
+            for k, v in value.items():
+                if not VOLATILE.search(str(k)):
+                    out.update(flat(v, f"{name}.{k}"))
+            return out
+        if isinstance(value, (list, tuple)):
+            out = {}
+            for i, v in enumerate(value):
+                out.update(flat(v, f"{name}.{i}"))
+            return out
+        return {name: repr(_plain(value, root))}
+    return flat(torch.load(path, map_location="cpu", weights_only=True))
+
+
+def content(path: Path, root: str):
+    """One file's content as compared across runs (`root`: the output folder, whose path it may hold)."""
+    suffix = path.suffix
+    if suffix == ".h5":
+        return _h5(path, root)
+    if suffix == ".pt":
+        return _pt(path, root)
+    if suffix == ".json":
+        return _plain(json.loads(path.read_text()), root)
+    if suffix == ".jsonl":
+        return [_plain(json.loads(line), root) for line in path.read_text().splitlines() if line.strip()]
+    if suffix == ".npz":
+        with np.load(path) as z:
+            return {k: z[k].tobytes() for k in z.files}
+    raw = path.read_bytes().replace(root.encode(), b"<OUT>")
+    if suffix == ".html":  # the page says when it was made
+        raw = re.sub(rb"generated \d{4}-\d\d-\d\d \d\d:\d\d:\d\d", b"generated <time>", raw)
+    return raw
+
+
+def snapshot(root: Path, ignore: tuple[str, ...] = ()) -> dict[str, object]:
+    """Every file under `root` (but the lock and names in `ignore`), by content."""
+    return {str(p.relative_to(root)): content(p, str(root)) for p in sorted(root.rglob("*"))
+            if p.is_file() and p.name != ".lock" and not any(p.match(g) for g in ignore)}
+
+
+def temporaries(root: Path) -> list[str]:
+    """Files under `root` that are a write's temporary (an atomic write's, or a download's .partial)."""
+    return [str(p.relative_to(root)) for p in root.rglob("*")
+            if p.is_file() and (TEMP_FILE.match(p.name) or p.name.endswith((".tmp", ".partial")))]
+
+
+def differences(got: dict, want: dict) -> list[str]:
+    out = [f"missing: {k}" for k in want.keys() - got.keys()] + [f"extra: {k}" for k in got.keys() - want.keys()]
+    out += [f"differs: {k}" for k in sorted(want.keys() & got.keys()) if got[k] != want[k]]
+    return out

@@ -1,13 +1,17 @@
-"""The domains of the user scripts' numeric options, declared once: each is an argparse ``type`` that
-converts the text, refuses a value outside the domain in one line naming the option (argparse adds its
-name), and lists values it must refuse, from which tests/test_option_domains.py tries every numeric option
-of every script as the parsers define them. A bare ``type=int`` or ``type=float`` accepts -1, 0, nan and
-inf alike: the test fails for such an option."""
+"""The domains of the user scripts' numeric options and output paths, declared once: each is an argparse
+``type`` that converts the text, refuses a value outside the domain in one line naming the option (argparse
+adds its name), and lists values it must refuse, from which tests/test_option_domains.py tries every such
+option of every script as the parsers define them. A bare ``type=int`` or ``type=float`` accepts -1, 0,
+nan and inf alike, and a bare output path accepts "", "/" and a folder of someone else's files: the test
+fails for such an option."""
 from __future__ import annotations
 
 import argparse
+import fnmatch
 import math
+import os
 from collections.abc import Callable
+from pathlib import Path
 from typing import NoReturn
 
 
@@ -48,6 +52,56 @@ NON_NEGATIVE = at_least(0)   # may be none: seeds, epochs (0 where the default m
 POSITIVE = Domain("a finite number > 0", float, lambda x: math.isfinite(x) and x > 0, ("0", "-1", *_NOT_FLOAT))
 NON_NEGATIVE_FLOAT = Domain("a finite number >= 0", float, lambda x: math.isfinite(x) and x >= 0,
                             ("-0.5", *_NOT_FLOAT))
+
+
+class OutputPath:
+    """An argparse type for where a tool writes: a `file`, a `folder` whose entries may only be the tool's
+    own (`own`: glob patterns of the names it writes there; hidden names, its temporaries and locks, are
+    its own too), or `either` (a file, or such a folder). Refused: an empty path, the root folder, a folder
+    given for a file, a file given for a folder, and a folder (the working directory too) that holds
+    anything else: no tool writes among, renames or overwrites files it did not make. Returns the text."""
+
+    def __init__(self, kind: str, own: tuple[str, ...] = ()):
+        if kind not in ("file", "folder", "either"):
+            raise ValueError(f"OutputPath kind must be file, folder or either, got {kind!r}")
+        self.kind, self.own = kind, own
+        self.__name__ = f"output {kind}"
+
+    def __call__(self, text: str) -> str:
+        if not text.strip():
+            raise argparse.ArgumentTypeError("must name a path, got an empty one")
+        path = Path(text).expanduser()
+        if path.resolve() == Path(path.anchor or "/").resolve() and path.is_absolute():
+            raise argparse.ArgumentTypeError(f"must not be the root folder {text}")
+        if self.kind == "file" and path.is_dir():
+            raise argparse.ArgumentTypeError(f"{text} is a folder; give a file name (in it, for example)")
+        if self.kind == "folder" and path.exists() and not path.is_dir():
+            raise argparse.ArgumentTypeError(f"{text} is a file, not a folder")
+        blocker = next((q for q in path.absolute().parents if q.exists()), None)
+        if blocker is not None and not blocker.is_dir():
+            raise argparse.ArgumentTypeError(f"{blocker} is a file, so {text} cannot be made")
+        if self.kind != "file" and path.is_dir():
+            foreign = self.foreign(path)
+            if foreign:
+                where = " (the working directory)" if path.resolve() == Path.cwd().resolve() else ""
+                more = f" and {len(foreign) - 1} more" if len(foreign) > 1 else ""
+                raise argparse.ArgumentTypeError(f"{text}{where} holds files this tool did not write ({foreign[0]!r}"
+                                                 f"{more}); give a new or empty folder, or one it wrote before")
+        return text
+
+    def foreign(self, folder: Path) -> list[str]:
+        """The entries of `folder` that are not the tool's own."""
+        try:
+            names = sorted(e.name for e in os.scandir(folder))
+        except OSError:
+            return []
+        return [n for n in names if not n.startswith(".") and not any(fnmatch.fnmatch(n, g) for g in self.own)]
+
+    def __repr__(self) -> str:
+        return f"OutputPath({self.kind}, {self.own})"
+
+
+OUTPUT_FILE = OutputPath("file")
 
 
 class OneLineParser(argparse.ArgumentParser):

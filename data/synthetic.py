@@ -15,7 +15,7 @@ import numpy as np
 from PIL import Image, ImageDraw
 
 from .distributions import Tree, write_formats
-from .domains import OneLineParser, at_least
+from .domains import OneLineParser, OutputPath, at_least
 from .fsutil import os_error_message
 
 VERSION = 1
@@ -26,6 +26,7 @@ TEXTURES = ("solid", "stripes", "checks")
 CONVERT_KINDS = ("cmyk", "grayscale", "png_as_jpeg", "rgba_png", "palette")
 SKIP_KINDS = ("truncated", "empty", "garbage")
 KAGGLE_FILE, CAFFE_FILE = "LOC_val_solution.csv", "val.txt"
+SYNTHETIC_OWN = ("train", "val", KAGGLE_FILE, CAFFE_FILE, "manifest.json")  # what --out holds
 
 
 class Job(NamedTuple):
@@ -316,7 +317,8 @@ def main(argv: list[str] | None = None) -> int:
     """CLI: write a synthetic tree and print where everything is."""
     p = OneLineParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter,
                                 epilog="example: python scripts/make_synthetic.py --out demo_src --formats")
-    p.add_argument("--out", required=True, help="output directory (new, empty, or an earlier synthetic tree)")
+    p.add_argument("--out", required=True, type=OutputPath("folder", own=SYNTHETIC_OWN),
+                   help="output directory (new, empty, or an earlier synthetic tree)")
     p.add_argument("--classes", type=at_least(1), default=10, help="number of classes (default 10)")
     p.add_argument("--train-per-class", type=at_least(1), default=60, help="training images per class (default 60)")
     p.add_argument("--val-per-class", type=at_least(0), default=10, help="validation images per class (default 10)")

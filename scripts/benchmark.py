@@ -31,7 +31,7 @@ from bench import checkpoint, exchange, large_batch, loading, parallel, preproce
 from bench.common import report  # noqa: E402
 
 from alexnet.cli import protect_streams  # noqa: E402
-from data.domains import OneLineParser  # noqa: E402
+from data.domains import OUTPUT_FILE, OneLineParser  # noqa: E402
 
 BENCHMARKS = (preprocess, train, loading, read, exchange, checkpoint, parallel, large_batch)  # the order of --help
 
@@ -45,7 +45,8 @@ def main(argv: list[str] | None = None) -> int:
     sub = p.add_subparsers(dest="what", required=True)
     for bench in BENCHMARKS:
         q = bench.add_parser(sub)
-        q.add_argument("--json", help="also write the results to this JSON file (a new file: an existing one, "
+        q.add_argument("--json", type=OUTPUT_FILE,
+                       help="also write the results to this JSON file (a new file: an existing one, "
                        "such as the measurements docs/benchmarks/ keeps, is replaced only with --force)")
         q.add_argument("--force", action="store_true", help="replace an existing --json file")
     args = p.parse_args(argv)

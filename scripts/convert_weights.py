@@ -60,7 +60,7 @@ from alexnet.weights.convert import caffe_checkpoint, theano_checkpoint, to_thea
 from alexnet.weights.hub import resolve  # noqa: E402
 from alexnet.weights.theano import read_theano, write_theano  # noqa: E402
 from alexnet.weights.theano_layout import THEANO_CONVS  # noqa: E402
-from data.domains import NON_NEGATIVE, POSITIVE, OneLineParser  # noqa: E402
+from data.domains import NON_NEGATIVE, POSITIVE, OneLineParser, OutputPath  # noqa: E402
 
 # --help's last line
 EXAMPLE = "python scripts/convert_weights.py bvlc_alexnet.caffemodel bvlc_alexnet.pt"
@@ -73,7 +73,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("src", help="a Theano weights folder, a BVLC .caffemodel, or our .pt checkpoint / weights / "
                    "caffenet state_dict; or a published set by name, fetched and checked (bvlc_alexnet, "
                    "bvlc_reference_caffenet)")
-    p.add_argument("dst", help="the .pt file to write (from a folder), or the Theano folder to write into")
+    p.add_argument("dst", type=OutputPath("either", own=("*.npy",)),
+                   help="the .pt file to write (from a folder), or the Theano folder to write into")
     p.add_argument("--epoch", type=NON_NEGATIVE, help="folder -> .pt: the epoch to read (default: the highest); "
                    ".pt -> folder: the epoch to write as (default: the checkpoint's completed epochs)")
     p.add_argument("--theano-conv", choices=THEANO_CONVS, default="cudnn", help="the Theano run's lib_conv "

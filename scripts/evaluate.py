@@ -47,7 +47,7 @@ from alexnet.models import ARCHS  # noqa: E402
 from alexnet.weights.hub import NAME_HELP  # noqa: E402
 from alexnet.weights.theano_layout import THEANO_CONVS  # noqa: E402
 from data.batchfile import atomic_write_json  # noqa: E402
-from data.domains import OneLineParser  # noqa: E402
+from data.domains import OUTPUT_FILE, OneLineParser  # noqa: E402
 from data.fsutil import check_writable  # noqa: E402
 
 # --help's last line
@@ -70,8 +70,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                    "(weights normalised by a mean image only)")
     p.add_argument("--crops", type=int, choices=(1, 10), default=1, help="1: center crop; 10: corners+center, "
                    "plain and mirrored, probabilities averaged (default 1)")
-    p.add_argument("--json", help="write the results as JSON to this file")
-    p.add_argument("--csv", help="write one row per image (name, label, top-5 predictions, correct1/5, "
+    p.add_argument("--json", type=OUTPUT_FILE, help="write the results as JSON to this file")
+    p.add_argument("--csv", type=OUTPUT_FILE,
+                   help="write one row per image (name, label, top-5 predictions, correct1/5, "
                    "prob1..prob5: the probability of each prediction, averaged over the crops; then the wnid "
                    "and words of the true class and of each prediction)")
     p.add_argument("--batch-size", type=positive, default=100, help="images per forward pass (default 100)")

@@ -38,7 +38,7 @@ from alexnet.figures.make import FIGURES, FigureOptions, make_figures  # noqa: E
 from alexnet.models import ARCHS  # noqa: E402
 from alexnet.weights.hub import NAME_HELP, resolve  # noqa: E402
 from alexnet.weights.theano_layout import THEANO_CONVS  # noqa: E402
-from data.domains import NON_NEGATIVE, OneLineParser  # noqa: E402
+from data.domains import NON_NEGATIVE, OneLineParser, OutputPath  # noqa: E402
 
 # --help's last line
 EXAMPLE = "python scripts/figures.py --weights demo/run/checkpoints/best.pt --data demo/data --out demo/run/figures"
@@ -51,7 +51,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--weights", required=True, help="checkpoint (.pt), state_dict file, a Theano weights folder, or a "
                    "BVLC .caffemodel" + NAME_HELP)
     p.add_argument("--data", required=True, help="a scripts/preprocess.py output folder (val and train splits)")
-    p.add_argument("--out", required=True, help="folder for the figures")
+    p.add_argument("--out", required=True, type=OutputPath("folder", own=("*.png", "*.json", "cache")),
+                   help="folder for the figures")
     p.add_argument("--arch", choices=ARCHS, help="needed only for plain alexnet/caffenet state dicts")
     p.add_argument("--epoch", type=positive, help="Theano folder: the epoch to load (default: the highest)")
     p.add_argument("--theano-conv", choices=THEANO_CONVS, help="Theano folder: the run's lib_conv")
@@ -69,7 +70,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--crops", type=int, choices=(1, 10), default=1, help="predictions: 1 (center) or 10 crops")
     p.add_argument("--batch-size", type=positive, default=100, help="images per forward pass (default 100)")
     p.add_argument("--device", default="auto", help="auto (cuda if present) | cpu | cuda | cuda:N")
-    p.add_argument("--cache", help="folder of the cached fc7 features (default <out>/cache)")
+    p.add_argument("--cache", type=OutputPath("folder", own=("*.npz",)),
+                   help="folder of the cached fc7 features (default <out>/cache)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     return p.parse_args(argv)
 

@@ -31,7 +31,7 @@ from alexnet.distributed import pick_device  # noqa: E402
 from alexnet.evaluation import prepare  # noqa: E402
 from alexnet.figures.make import FigureOptions  # noqa: E402
 from alexnet.figures.report import data_root, read_run, write_report  # noqa: E402
-from data.domains import NON_NEGATIVE, OneLineParser  # noqa: E402
+from data.domains import NON_NEGATIVE, OUTPUT_FILE, OneLineParser  # noqa: E402
 
 # --help's last line
 EXAMPLE = "python scripts/report.py runs/alexnet_1gpu --data imagenet256"
@@ -43,7 +43,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                                 epilog="\n".join(__doc__.splitlines()[2:]) + f"\n\nexample: {EXAMPLE}")
     p.add_argument("run", metavar="RUN_DIR", help="a run directory of train.py (run.dir)")
     p.add_argument("--data", help="the preprocessed data folder (default: the run config's data.root)")
-    p.add_argument("--out", help="the page (default RUN_DIR/report.html)")
+    p.add_argument("--out", type=OUTPUT_FILE, help="the page (default RUN_DIR/report.html)")
     p.add_argument("--train-images", type=positive, default=2000, help="neighbours figure: the seeded subset of "
                    "training images searched (default 2000)")
     p.add_argument("--seed", type=NON_NEGATIVE, default=0, help="seeds the choice of images in the figures (default 0)")

@@ -66,7 +66,7 @@ def test_a_subset_of_the_table_with_planted_failures(tmp_path, monkeypatch, caps
     record = json.loads(js.read_text())
     rows = {c["case"]: c for c in record["cases"]}
     assert rows[real.name]["verdict"] == "OK" and rows[real.name]["exit"] == 2
-    assert rows[real.name]["message"].startswith("preprocess: error: --out W/c01/file.txt is a file")
+    assert rows[real.name]["message"].startswith("preprocess.py: error: argument --out: W/c01/file.txt is a file")
     assert (rows["planted-wrong-exit"]["verdict"], rows["planted-wrong-exit"]["reason"]) == (
         "WEAK", "exit 2, expected 1; the message does not name 'nowhere.txt'")
     assert rows["planted-traceback"]["verdict"] == "DEFECT"

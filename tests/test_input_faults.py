@@ -515,7 +515,8 @@ def test_an_output_folder_holding_a_users_files_is_refused_and_left_as_it_was(sy
     r = children.run([sys.executable, str(REPO / "scripts/preprocess.py"), "--train-dir", str(root / "train"),
                       "--out", ".", "--size", "32", "--quiet"], cpu_s=60, cwd=work)
     assert r.returncode == 2 and _one_line(r.stderr).startswith(
-        "preprocess: error: --out . holds files preprocess did not write (mine.txt)"), r.stderr
+        "preprocess.py: error: argument --out: . (the working directory) holds files this tool did not write "
+        "('mine.txt')"), r.stderr
     r = run_script(str(REPO / "scripts/make_synthetic.py"), "--out", str(work), "--classes", "2")
-    assert r.returncode == 2 and "is not empty and holds no synthetic manifest.json" in _one_line(r.stderr)
+    assert r.returncode == 2 and "holds files this tool did not write ('mine.txt')" in _one_line(r.stderr)
     assert sorted(p.name for p in work.iterdir()) == ["mine.txt"]

@@ -14,10 +14,11 @@ import os
 import random
 import sys
 import time
+from pathlib import Path
 
 import pytest
 
-from data.domains import Domain
+from data.domains import Domain, OutputPath
 from tests import children
 from tests.conftest import REPO
 from tests.parsers import script_parser
@@ -57,8 +58,98 @@ def test_the_walk_finds_the_options_of_every_script_and_subcommand(every_option)
 def test_every_option_that_takes_a_value_has_a_declared_domain(every_option):
     bare = [f"{s} {' '.join(w)} {a.option_strings[-1]}: type {getattr(a.type, '__name__', a.type)}"
             for s, w, a, _ in every_option
-            if a.choices is None and not isinstance(a.type, Domain) and a.type not in (None, str)]
+            if a.choices is None and not isinstance(a.type, (Domain, OutputPath)) and a.type not in (None, str)]
     assert not bare, "options without a declared domain (data/domains.py):\n" + "\n".join(bare)
+
+
+# Where a tool writes, by the option's name; a new output option named so must declare an OutputPath.
+OUTPUT_NAMES = ("out", "json", "csv", "dst", "keep", "cache")
+# Output-like options that are not a place the tool's own results go, with the reason.
+NOT_OUTPUT = {("scripts/benchmark.py", ("checkpoint",), "dir"):
+              "a file system to time writes on (a temporary file, removed): any folder will do"}
+
+
+@pytest.fixture(scope="module")
+def every_path_argument() -> list[tuple[str, tuple[str, ...], argparse.Action, argparse.ArgumentParser]]:
+    """Options and positionals alike: an output may be either (convert_weights.py's dst)."""
+    return [(script, words, action, p) for script in user_scripts()
+            for words, p in parsers(script_parser(script)) for action in p._actions
+            if action.nargs != 0 and action.help != argparse.SUPPRESS
+            and not isinstance(action, (argparse._HelpAction, argparse._SubParsersAction))]
+
+
+def test_every_output_argument_declares_where_it_may_write(every_path_argument):
+    named = [(s, w, a) for s, w, a, _ in every_path_argument if a.dest in OUTPUT_NAMES or a.dest in
+             {k[2] for k in NOT_OUTPUT}]
+    missing = [f"{s} {' '.join(w)} {a.dest}" for s, w, a in named
+               if not isinstance(a.type, OutputPath) and (s, w, a.dest) not in NOT_OUTPUT]
+    assert not missing, "output arguments without an OutputPath (data/domains.py):\n" + "\n".join(missing)
+    assert len([1 for _, _, a in named if isinstance(a.type, OutputPath)]) >= 15
+
+
+def _bad_outputs(kind: str, tmp: Path) -> dict[str, str]:
+    """Texts an output of `kind` must refuse, made under `tmp`, with the words the refusal must hold."""
+    a_file, foreign = tmp / "a_file", tmp / "someone_elses"
+    a_file.write_text("x")
+    foreign.mkdir(exist_ok=True)
+    (foreign / "mine.txt").write_text("not the tool's")
+    bad = {"": "empty", "/": "root folder", str(a_file / "x"): "is a file, so"}
+    if kind == "file":
+        bad[str(tmp)] = "is a folder"
+        bad["."] = "is a folder"
+    else:
+        bad[str(foreign)] = "holds files this tool did not write ('mine.txt')"
+        bad["."] = "(the working directory) holds files this tool did not write"
+        if kind == "folder":
+            bad[str(a_file)] = "is a file, not a folder"
+    return bad
+
+
+def test_every_output_argument_refuses_where_it_must_not_write(every_path_argument, tmp_path, capsys,
+                                                               monkeypatch):
+    """"", "/", a file's child, a folder for a file and a file for a folder, and a folder of someone
+    else's files (the working directory, here holding a_file and someone_elses, too): exit 2, one line
+    naming the argument; positionals through their type (their parser takes other positionals first)."""
+    monkeypatch.chdir(tmp_path)
+    tried, wrong = 0, []
+    for script, words, action, parser in every_path_argument:
+        if not isinstance(action.type, OutputPath):
+            continue
+        for text, words_needed in _bad_outputs(action.type.kind, tmp_path).items():
+            tried += 1
+            if not action.option_strings:
+                try:
+                    action.type(text)
+                    wrong.append(f"{script} {action.dest}={text!r}: accepted")
+                except argparse.ArgumentTypeError as e:
+                    if words_needed not in str(e):
+                        wrong.append(f"{script} {action.dest}={text!r}: {e}")
+                continue
+            flag = action.option_strings[-1]
+            with pytest.raises(SystemExit) as e:
+                parser.parse_args([f"{flag}={text}"])
+            err = capsys.readouterr().err.strip().splitlines()
+            if e.value.code != 2 or len(err) != 1 or flag not in err[0] or words_needed not in err[0]:
+                wrong.append(f"{script} {' '.join(words)} {flag}={text!r}: exit {e.value.code}, {err[-1:]}")
+    assert not wrong, "\n".join(wrong)
+    assert tried >= 80
+
+
+def test_an_output_takes_a_new_path_and_its_own_earlier_output(tmp_path):
+    """What the tools must keep accepting: a new file or folder, an existing file (replaced as the tool's
+    rules say), an empty folder, a folder holding only the tool's own names and hidden files."""
+    assert OutputPath("file")(str(tmp_path / "new" / "x.json")) == str(tmp_path / "new" / "x.json")
+    (tmp_path / "old.json").write_text("{}")
+    assert OutputPath("file")(str(tmp_path / "old.json"))
+    own = OutputPath("folder", own=("*.png", "cache"))
+    for name in ("empty", "mine"):
+        (tmp_path / name).mkdir()
+    for entry in ("filters.png", "cache", ".lock", ".filters.123.tmp.png"):
+        (tmp_path / "mine" / entry).write_text("")
+    assert own(str(tmp_path / "empty")) and own(str(tmp_path / "mine")) and own(str(tmp_path / "brand_new"))
+    assert OutputPath("either", own=("*.npy",))(str(tmp_path / "w.pt"))
+    with pytest.raises(ValueError, match="kind must be"):
+        OutputPath("dir")
 
 
 def refusals(every_option):

@@ -35,7 +35,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from data.domains import COUNT, NON_NEGATIVE, NON_NEGATIVE_FLOAT, POSITIVE
+from data.domains import COUNT, NON_NEGATIVE, NON_NEGATIVE_FLOAT, POSITIVE, OutputPath
 
 from .common import REPO, cpu_name, subcommand
 
@@ -84,7 +84,8 @@ def add_parser(sub):
                    help="LARS warmup epochs")
     p.add_argument("--jobs", type=COUNT, default=len(os.sched_getaffinity(0)), help="train.py runs at a time")
     p.add_argument("--data", help="a preprocessed folder to use (default: generated in a temporary folder)")
-    p.add_argument("--keep", help="keep the data and the run directories here (default: a temporary folder)")
+    p.add_argument("--keep", type=OutputPath("folder", own=("data", "runs")),
+                   help="keep the data and the run directories here (default: a temporary folder)")
     p.add_argument("--quick", action="store_true", help="seconds-long smoke settings: 3 classes, width 0.125, "
                    "2 epochs, B 2 and 4 x B, AlexNet-BN, one seed, one sweep point")
     return p

@@ -7,13 +7,15 @@ import sys
 import time
 from pathlib import Path
 
-from data.domains import POSITIVE, OneLineParser
+from data.domains import POSITIVE, OneLineParser, OutputPath
 
 from .budget import Budget
 from .report import environment
 from .runner import RESERVE, run_all, step_main
 from .table import BUDGETS, BY_NAME, SEQUENCES
 
+# what gpu_check writes under --out, and the folders the docs give other runs of it there (gpu.md)
+GPU_CHECK_OWN = ("gpu_check.md", "gpu_check.json", "logs", "work", "bench", "speed", "two-gpus", "two-gpus-bench")
 INJECT_MODES = ("fail", "hang", "slow")
 
 
@@ -30,7 +32,8 @@ def parser(doc: str) -> argparse.ArgumentParser:
     p = OneLineParser(prog="gpu_check.py", description=doc.splitlines()[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter,
                                 epilog="\n".join(doc.splitlines()[2:]))
-    p.add_argument("--out", help="report folder (gpu_check.md, gpu_check.json, logs/); its work/ is temporary")
+    p.add_argument("--out", type=OutputPath("folder", own=GPU_CHECK_OWN),
+                   help="report folder (gpu_check.md, gpu_check.json, logs/); its work/ is temporary")
     p.add_argument("--device", choices=("auto", "cuda", "cpu"), default="auto",
                    help="cuda (auto's choice where CUDA is available) or cpu: the CPU twin")
     which = p.add_mutually_exclusive_group()

@@ -11,7 +11,7 @@ from pathlib import Path
 
 from .core import Case, Work, inject, must, wait_for
 from .preprocess_cases import nothing_written, pp
-from .tool_cases import SLOW_EVAL, ev, image, last, pr
+from .tool_cases import SLOW_EVAL, caffenet, cv, ev, image, last, pr
 from .train_cases import no_checkpoint, no_temporaries, tr
 
 # `>&-`: a fresh interpreter started with its stdout closed (Python then has no sys.stdout).
@@ -168,6 +168,10 @@ def _users_folder_unchanged(work: Work) -> str | None:
     return None if left == ["notes.txt"] else f"wrote into the user's folder: {', '.join(left)}"
 
 
+def _theano_back(work: Work) -> Path:
+    return work.w / "theano"
+
+
 RUN_DONE = _file_exists("run", "checkpoints", "last.pt")
 CASES = [
     # 1. the config's YAML
@@ -251,8 +255,17 @@ CASES = [
          2, ("--out", "did not write", "notes.txt"),
          lambda w: pp("--train-dir", w.ctx.src / "train", "--out", _users_folder(w)), _users_folder_unchanged),
     Case("make-synthetic-out-users-folder", "traceback", "make_synthetic --out a folder of the user's files", 2,
-         ("{w}/mine", "not empty"), lambda w: ["scripts/make_synthetic.py", "--out", str(_users_folder(w))],
+         ("{w}/mine", "did not write"), lambda w: ["scripts/make_synthetic.py", "--out", str(_users_folder(w))],
          _users_folder_unchanged),
+    Case("figures-out-users-folder", "lost", "figures.py --out a folder of the user's files", 2,
+         ("--out", "{w}/mine", "did not write", "notes.txt"),
+         lambda w: ["scripts/figures.py", "--weights", str(last(w.ctx)), "--data", str(w.ctx.data()), "--out",
+                    str(_users_folder(w))], _users_folder_unchanged),
+    Case("evaluate-json-empty", "lost", "evaluate.py --json '' (an empty path)", 2, ("--json", "empty"),
+         lambda w: ev(w, "--json", "")),
+    Case("convert-rerun-finished", "misleading", "the same Theano-folder conversion run again once finished", 0,
+         ("unchanged",), lambda w: (must(cv(caffenet(w.ctx), w.w / "theano")), must(cv(_theano_back(w), w.w / "w.pt")),
+                                    cv(_theano_back(w), w.w / "w.pt"))[2], line="unchanged"),
     Case("make-synthetic-classes-0", "silent", "make_synthetic --classes 0 (took any integer)", 2,
          ("--classes", ">= 1"), lambda w: ["scripts/make_synthetic.py", "--out", str(w.w / "out"), "--classes", "0"],
          _nothing_at_out),

@@ -40,6 +40,7 @@ _BAD_PATH = {errno.EROFS, errno.EACCES, errno.EPERM, errno.ENOENT, errno.ENOTDIR
 # that reaches moment number PAUSE_AT then waits there (until WRITE_TRACE.go exists), for the test to kill
 # the tool right at that moment.
 WRITE_TRACE = "ALEXNET_WRITE_TRACE"
+_SWEPT: set[str] = set()  # the folders this process's commits have swept of dead writers' temporaries
 PAUSE_AT = "ALEXNET_WRITE_PAUSE_AT"
 
 
@@ -90,7 +91,10 @@ def commit(tmp: str | os.PathLike, path: str | os.PathLike) -> None:
     enumerated and interrupted by the tests, before the rename and after it. The temporaries that dead
     writers left beside `path` go first, so no tool leaves behind what a killed run of it wrote."""
     _write_point("before", path)
-    remove_stale_temps(Path(path).parent)  # what a killed writer left here: every tool sweeps where it writes
+    folder = os.path.dirname(os.path.abspath(path))
+    if folder not in _SWEPT:  # once per folder and process: a folder of 10,000 batch files is not listed per file
+        remove_stale_temps(folder)  # what a killed writer left here: every tool sweeps where it writes
+        _SWEPT.add(folder)
     os.replace(tmp, path)
     _write_point("after", path)
 

@@ -1,0 +1,48 @@
+"""data.fsutil.commit, the one place a tool's file takes its final name: the rename, the sweep of dead
+writers' temporaries beside it (once per folder and process), and its test hook's numbering."""
+from __future__ import annotations
+
+import os
+
+from data import fsutil
+
+
+def dead_pid() -> int:
+    return 4_194_304 + 7  # above Linux's largest pid (PID_MAX_LIMIT, 2**22): never a live process
+
+
+def test_commit_renames_and_sweeps_dead_writers_temporaries_once_per_folder(tmp_path, monkeypatch):
+    monkeypatch.setattr(fsutil, "_SWEPT", set())
+    dead, live = dead_pid(), os.getpid()
+    stale = [tmp_path / f".a.pt.{dead}.tmp", tmp_path / f".curve.{dead}.tmp.png"]
+    kept = [tmp_path / f".b.pt.{live}.tmp", tmp_path / "notes.txt", tmp_path / f"x.{dead}.tmp"]  # live, not ours
+    for p in stale + kept:
+        p.write_text("x")
+    tmp = fsutil.temp_path(tmp_path / "out.json")
+    assert tmp.name == f".out.json.{live}.tmp"
+    tmp.write_text("new")
+    fsutil.commit(tmp, tmp_path / "out.json")
+    assert (tmp_path / "out.json").read_text() == "new" and not tmp.exists()
+    assert not any(p.exists() for p in stale) and all(p.exists() for p in kept)
+    later = tmp_path / f".c.pt.{dead}.tmp"  # left after this process swept the folder: its next run sweeps it
+    later.write_text("x")
+    second = fsutil.temp_path(tmp_path / "curve.png", keep_suffix=True)
+    assert second.name == f".curve.{live}.tmp.png"
+    second.write_text("png")
+    fsutil.commit(second, tmp_path / "curve.png")
+    assert later.exists() and (tmp_path / "curve.png").read_text() == "png"
+
+
+def test_the_hook_numbers_every_moment_and_holds_the_chosen_one(tmp_path, monkeypatch):
+    trace = tmp_path / "trace.txt"
+    monkeypatch.setenv(fsutil.WRITE_TRACE, str(trace))
+    monkeypatch.setenv(fsutil.PAUSE_AT, "3")
+    (tmp_path / "trace.txt.go").touch()  # released at once: the hold ends when this file exists
+    for name in ("a", "b"):
+        tmp = fsutil.temp_path(tmp_path / name)
+        tmp.write_text(name)
+        fsutil.commit(tmp, tmp_path / name)
+    rows = [line.split(" ", 3) for line in trace.read_text().splitlines()]
+    assert [(n, m, os.path.basename(p)) for n, _, m, p in rows] == [
+        ("1", "before", "a"), ("2", "after", "a"), ("3", "before", "b"), ("4", "after", "b")]
+    assert {pid for _, pid, _, _ in rows} == {str(os.getpid())}

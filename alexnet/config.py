@@ -420,8 +420,14 @@ def _validate_relations(cfg: Config) -> None:
         raise ConfigError(f"train.lr_min={t.lr_min:g} is above train.lr={t.lr:g}: cosine would raise the lr")
     if len(cfg.data.channel_mean) != 3 or len(cfg.data.channel_std) != 3:
         raise ConfigError("data.channel_mean and data.channel_std must be 3 values each (R, G, B)")
-    if t.batch_size % t.slices:
-        raise ConfigError(f"train.batch_size={t.batch_size} is not divisible by train.slices={t.slices}")
+    m = cfg.parallel.model_size
+    if cfg.parallel.model == "fc" and m > 1 and t.batch_size % m:
+        raise ConfigError(f"train.batch_size={t.batch_size} is a replica's batch, which parallel.model=fc splits "
+                          f"over its parallel.model_size={m} processes: give a multiple of {m}")
+    per_process = t.batch_size // m if cfg.parallel.model == "fc" and m > 1 else t.batch_size
+    if per_process % t.slices:
+        what = f" ({per_process} per process of the fc model group)" if per_process != t.batch_size else ""
+        raise ConfigError(f"train.batch_size={t.batch_size}{what} is not divisible by train.slices={t.slices}")
     if cfg.parallel.exchange == "gradients" and cfg.parallel.transport == "ipc":
         raise ConfigError("parallel.transport=ipc exchanges weights only; gradients use nccl, gloo or auto")
     _validate_large_batch(t, cfg.parallel.exchange, cfg.parallel.replicas)

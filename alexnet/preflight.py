@@ -56,7 +56,7 @@ def check_run(cfg: Config, world: int) -> dict:
     n = meta["splits"]["train"]["count"]
     if n < layout.global_batch:
         raise DataError(f"{Path(cfg.data.root) / 'train'} holds {n} images, fewer than one global batch "
-                        f"({layout.global_batch} = {layout.reader_world} x {cfg.train.batch_size}); lower "
+                        f"({layout.global_batch} = {layout.reader_world} x {layout.reader_batch}); lower "
                         "train.batch_size or parallel.replicas")
     _check_free_space(cfg, classes, _checkpoint_bytes(full))
     return meta

@@ -54,8 +54,15 @@ class MeshLayout:
         return self.dist.replicas if self.sharded and self.mode == "columns" else self.dist.world
 
     @property
+    def reader_batch(self) -> int:
+        """The images this process reads per step: train.batch_size is a replica's (a model group's) batch
+        in every layout; fc splits it over the group's processes, columns each read all of it."""
+        b = self.cfg.train.batch_size
+        return b // self.model_size if self.sharded and self.mode == "fc" else b
+
+    @property
     def global_batch(self) -> int:
-        return self.cfg.train.batch_size * self.reader_world
+        return self.reader_batch * self.reader_world
 
     @property
     def loss_scale(self) -> float:
@@ -73,10 +80,12 @@ class MeshLayout:
 
     @property
     def batch_unit(self) -> str:
-        """What train.batch_size counts the images of."""
+        """What train.batch_size counts the images of, and how a process reads them."""
         if not self.sharded:
             return "per replica"
-        return "per model group" if self.mode == "columns" else "per process"
+        if self.mode == "columns":
+            return "per replica, each of its model group's processes reading all of them"
+        return f"per replica, {self.reader_batch} per process of its model group"
 
     def describe(self) -> str:
         if not self.sharded:

@@ -141,7 +141,8 @@ def test_dry_run_checks_config_data_and_run_dir_and_writes_nothing(train_data, t
                  "parallel.model=fc"]) == 0
     out = capsys.readouterr().out
     assert "would start 4 process(es): 2 replica(s) x 2 (fc model parallel)" in out
-    assert "global batch 32 (8 per process), 1 steps an epoch" in out  # 48 training images // 32
+    # train.batch_size is a replica's batch: 2 replicas x 8, each fc process reading 4; 48 training images // 16
+    assert "global batch 16 (8 per replica, 4 per process of its model group), 3 steps an epoch" in out
     assert not run.exists()
     assert main([*base, "train.batch_size=64"]) == 2  # the data hold fewer images than one batch
     assert "fewer than one global batch" in capsys.readouterr().err and not run.exists()

@@ -56,7 +56,7 @@ class Layout:
     mode: str = "fc"
     exchange: str = "gradients"
     slices: int = 1
-    batch: int = 4            # train.batch_size, in the layout's own meaning (MeshLayout)
+    batch: int = 4            # the images one reading process takes per step (this test's own notion)
     arch: str = "alexnet"
     optimizer: str = "sgd"
     momentum: float = 0.9
@@ -64,7 +64,7 @@ class Layout:
 
     def overrides(self) -> dict:
         over = {"model.arch": self.arch, "model.width": 0.125, "model.dropout": 0.0, "model.init": "torch",
-                "data.crop": CROP[self.arch], "data.root": "unused", "train.batch_size": self.batch,
+                "data.crop": CROP[self.arch], "data.root": "unused", "train.batch_size": self.train_batch,
                 "train.slices": self.slices, "train.optimizer": self.optimizer, "train.weight_decay": 5e-4,
                 "parallel.replicas": self.replicas, "parallel.model_size": self.model_size,
                 "parallel.model": self.mode, "parallel.exchange": self.exchange, "parallel.exchange_every": self.every}
@@ -85,6 +85,11 @@ class Layout:
     @property
     def world(self) -> int:
         return self.replicas * self.model_size
+
+    @property
+    def train_batch(self) -> int:
+        """train.batch_size: a replica's batch, which an fc model group's processes share out."""
+        return self.batch * self.model_size if self.mode == "fc" else self.batch
 
     @property
     def readers(self) -> int:
@@ -114,7 +119,7 @@ def on_ranks(layout: Layout, batches, nccl: bool = False, **changes) -> dict:
 
     def member(info: DistInfo):
         replica = Replica(cfg, info, CLASSES)
-        b, r = cfg.train.batch_size, replica.layout.reader_rank
+        b, r = layout.batch, replica.layout.reader_rank
         for step, (x, y) in enumerate(batches, 1):
             replica.step(x[r * b:(r + 1) * b], y[r * b:(r + 1) * b], step, NO_AUTOCAST)
         if replica.exchange is not None and len(batches) % replica.exchange.every:
@@ -152,7 +157,7 @@ def _mesh_member(info: DistInfo, cfg: Config, layout: Layout, steps: int) -> dic
     torch.set_default_dtype(torch.float64)  # a spawned process starts with float32
     batches = global_batches(layout, steps)
     replica = Replica(cfg, info, CLASSES)
-    b, r = cfg.train.batch_size, replica.layout.reader_rank
+    b, r = layout.batch, replica.layout.reader_rank
     events, steps = [], []
     with _data_group_all_reduces(info, events):
         for step, (x, y) in enumerate(batches, 1):
@@ -323,7 +328,7 @@ def _resumed(first: Layout, then: Layout, batches, split: int) -> dict:
 
     def before(info: DistInfo):
         replica = Replica(cfg, info, CLASSES)
-        b, r = cfg.train.batch_size, replica.layout.reader_rank
+        b, r = first.batch, replica.layout.reader_rank
         for step, (x, y) in enumerate(batches[:split], 1):
             replica.step(x[r * b:(r + 1) * b], y[r * b:(r + 1) * b], step, NO_AUTOCAST)
         replica.average_statistics()
@@ -335,7 +340,7 @@ def _resumed(first: Layout, then: Layout, batches, split: int) -> dict:
         torch.manual_seed(123)  # another start: loading must replace all of it
         replica = Replica(cfg2, info, CLASSES)
         replica.load_full_state(*copy.deepcopy((model_state, opt_state)))  # each its own, as from the file
-        b, r = cfg2.train.batch_size, replica.layout.reader_rank
+        b, r = then.batch, replica.layout.reader_rank
         for step, (x, y) in enumerate(batches[split:], split + 1):
             replica.step(x[r * b:(r + 1) * b], y[r * b:(r + 1) * b], step, NO_AUTOCAST)
         replica.average_statistics()

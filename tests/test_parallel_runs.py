@@ -58,7 +58,8 @@ def same_records(a: Path, b: Path) -> None:
         assert abs(r["loss"] - s["loss"]) < 1e-4 and r["top1_err"] == s["top1_err"] and r["lr"] == s["lr"], (r, s)
 
 
-# Every layout has a global batch of 16 (3 steps an epoch, 2 epochs); name: (overrides, momentum).
+# Every layout has a global batch of 16 (3 steps an epoch, 2 epochs): train.batch_size is a replica's batch
+# in every layout (an fc model group's processes share it out); name: overrides.
 LAYOUTS = {
     "2 replicas, gradients": {"train.batch_size": 8, "parallel.replicas": 2, "parallel.exchange": "gradients"},
     "2 replicas, weights via ipc": {"train.batch_size": 8, "parallel.replicas": 2, "parallel.exchange": "weights",
@@ -72,19 +73,19 @@ LAYOUTS = {
                              "parallel.exchange": "gradients"},
     "4 replicas, gradients": {"train.batch_size": 4, "parallel.replicas": 4, "parallel.exchange": "gradients"},
     "columns M=2": {"parallel.model": "columns", "parallel.model_size": 2, "train.batch_size": 16},
-    "fc M=2": {"parallel.model": "fc", "parallel.model_size": 2, "train.batch_size": 8},
-    "fc M=4": {"parallel.model": "fc", "parallel.model_size": 4, "train.batch_size": 4},
+    "fc M=2": {"parallel.model": "fc", "parallel.model_size": 2, "train.batch_size": 16},  # 8 per process
+    "fc M=4": {"parallel.model": "fc", "parallel.model_size": 4, "train.batch_size": 16},  # 4 per process
     "columns R=2 x M=2, gradients": {"parallel.model": "columns", "parallel.model_size": 2, "parallel.replicas": 2,
                                      "train.batch_size": 8, "parallel.exchange": "gradients"},
     "columns R=2 x M=2, gradients, 2 slices": {"parallel.model": "columns", "parallel.model_size": 2,
                                                "parallel.replicas": 2, "train.batch_size": 8,
                                                "parallel.exchange": "gradients", "train.slices": 2},
     "fc R=2 x M=2, gradients, 2 slices": {"parallel.model": "fc", "parallel.model_size": 2, "parallel.replicas": 2,
-                                          "train.batch_size": 4, "parallel.exchange": "gradients", "train.slices": 2},
+                                          "train.batch_size": 8, "parallel.exchange": "gradients", "train.slices": 2},
     "columns R=2 x M=2, weights": {"parallel.model": "columns", "parallel.model_size": 2, "parallel.replicas": 2,
                                    "train.batch_size": 8, "parallel.exchange": "weights", "train.momentum": 0.0},
     "fc R=2 x M=2, weights": {"parallel.model": "fc", "parallel.model_size": 2, "parallel.replicas": 2,
-                              "train.batch_size": 4, "parallel.exchange": "weights"},
+                              "train.batch_size": 8, "parallel.exchange": "weights"},
 }
 
 

@@ -43,13 +43,15 @@ def test_a_batch_in_slices_is_one_step_on_the_whole_batch(slices):
         torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-6)
 
 
-# (mode, R, M): per rank (reader_rank, reader_world, counts_metrics, keep_empty_batches); global batch; loss scale
+# (mode, R, M): per rank (reader_rank, reader_world, counts_metrics, keep_empty_batches); the images one
+# process reads per step; global batch; loss scale. train.batch_size=8 is a replica's batch in every layout.
 MESH = {
-    ("fc", 2, 2): ([(0, 4, True, True), (1, 4, True, True), (2, 4, True, True), (3, 4, True, True)], 4 * 8, 0.5),
+    ("fc", 2, 2): ([(0, 4, True, True), (1, 4, True, True), (2, 4, True, True), (3, 4, True, True)], 4, 2 * 8, 0.5),
     ("columns", 2, 2): ([(0, 2, True, False), (0, 2, False, False), (1, 2, True, False), (1, 2, False, False)],
-                        2 * 8, 0.5),
-    ("columns", 1, 4): ([(0, 1, True, False)] + [(0, 1, False, False)] * 3, 8, 0.25),
-    ("fc", 3, 1): ([(0, 3, True, False), (1, 3, True, False), (2, 3, True, False)], 3 * 8, 1.0),
+                        8, 2 * 8, 0.5),
+    ("columns", 1, 4): ([(0, 1, True, False)] + [(0, 1, False, False)] * 3, 8, 8, 0.25),
+    ("fc", 3, 1): ([(0, 3, True, False), (1, 3, True, False), (2, 3, True, False)], 8, 3 * 8, 1.0),
+    ("fc", 1, 4): ([(r, 4, True, True) for r in range(4)], 2, 8, 0.25),
 }
 
 
@@ -57,20 +59,32 @@ MESH = {
 def test_each_process_reads_counts_and_scales_as_its_place_says(mode, replicas, size):
     cfg = load_config("configs/demo.yaml", ["train.batch_size=8", f"parallel.model={mode}",
                                              f"parallel.model_size={size}", f"parallel.replicas={replicas}"])
-    places, batch, scale = MESH[(mode, replicas, size)]
+    places, reads, batch, scale = MESH[(mode, replicas, size)]
     for rank, want in enumerate(places):
         layout = MeshLayout(cfg, DistInfo(rank=rank, world=replicas * size, model_size=size))
         got = (layout.reader_rank, layout.reader_world, layout.counts_metrics, layout.keep_empty_batches)
         assert got == want, rank
-        assert (layout.global_batch, layout.loss_scale) == (batch, scale)
+        assert (layout.reader_batch, layout.global_batch, layout.loss_scale) == (reads, batch, scale)
+
+
+def test_fc_refuses_a_batch_its_model_group_cannot_split():
+    from alexnet.config import ConfigError
+    with pytest.raises(ConfigError, match=r"train.batch_size=6 is a replica's batch, which parallel.model=fc splits "
+                                          r"over its parallel.model_size=4 processes: give a multiple of 4"):
+        load_config("configs/demo.yaml", ["train.batch_size=6", "parallel.model=fc", "parallel.model_size=4"])
+    with pytest.raises(ConfigError, match=r"train.batch_size=8 \(4 per process of the fc model group\) is not "
+                                          r"divisible by train.slices=8"):
+        load_config("configs/demo.yaml", ["train.batch_size=8", "parallel.model=fc", "parallel.model_size=2",
+                                          "train.slices=8"])
+    load_config("configs/demo.yaml", ["train.batch_size=6", "parallel.model=columns", "parallel.model_size=4"])
 
 
 @pytest.mark.parametrize("mode, replicas, size, rank, unit, words", [
     ("fc", 3, 1, 2, "per replica", "3 replica(s)"),
-    ("fc", 2, 2, 3, "per process", "2 replica(s) x model groups of 2 (fc model parallel), this process model rank 1 "
-                                   "of replica 1"),
-    ("columns", 1, 2, 1, "per model group", "1 replica(s) x model groups of 2 (columns model parallel), this process "
-                                            "model rank 1 of replica 0"),
+    ("fc", 2, 2, 3, "per replica, 25 per process of its model group",
+     "2 replica(s) x model groups of 2 (fc model parallel), this process model rank 1 of replica 1"),
+    ("columns", 1, 2, 1, "per replica, each of its model group's processes reading all of them",
+     "1 replica(s) x model groups of 2 (columns model parallel), this process model rank 1 of replica 0"),
 ])
 def test_what_the_start_line_says_of_the_layout(mode, replicas, size, rank, unit, words):
     cfg = load_config("configs/demo.yaml", [f"parallel.model={mode}", f"parallel.model_size={size}",
@@ -149,7 +163,7 @@ def test_a_replica_builds_the_configured_model_in_every_layout():
             got = run_ranks(cfg.parallel.model_size, lambda info, c=cfg: lrn_forms(info, c), cfg.parallel.model_size,
                             cfg)
             assert all(g == ({lrn == "caffe"}, channels_last) for g in got), (layout, lrn, got)
-    cfg = load_config("configs/demo.yaml", [*base, "parallel.model_size=3", "parallel.model=fc"])
+    cfg = load_config("configs/demo.yaml", [*base, "train.batch_size=6", "parallel.model_size=3", "parallel.model=fc"])
     with pytest.raises(ConfigError, match=r"^parallel.model_size=3 does not divide a layer of 512 units \(Linear"):
         run_ranks(3, lambda info: Replica(cfg, info, 4), 3, cfg)
 

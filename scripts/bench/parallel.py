@@ -62,7 +62,7 @@ def _worker(rank: int, world: int, port: int, spec: dict, out: str) -> None:
     configure_backends(cfg.train.precision, info.device)
     replica = Replica(cfg, info, spec["classes"])
     g = torch.Generator().manual_seed(rank)
-    b, crop = cfg.train.batch_size, cfg.data.crop
+    b, crop = replica.layout.reader_batch, cfg.data.crop
     x = torch.randn(b, 3, crop, crop, generator=g).to(info.device)
     y = torch.randint(0, spec["classes"], (b,), generator=g).to(info.device)
     numbers = itertools.count(1)  # the step numbers, warm-up included
@@ -90,7 +90,7 @@ def measure(name: str, replicas: int, model_size: int, mode: str, args, devices:
     batch = per_process_batch(args.batch_size, replicas, model_size, mode)
     config = {"model": {"arch": "alexnet", "width": args.width, "dropout": 0.5},
               "data": {"crop": 227, "root": "unused"},
-              "train": {"batch_size": batch, "precision": args.precision},
+              "train": {"batch_size": args.batch_size // replicas, "precision": args.precision},  # a replica's
               "parallel": {"replicas": replicas, "model_size": model_size, "model": mode, "exchange": "gradients",
                            "devices": devices[:world], "timeout": 600.0}}
     spec = {"config": config, "classes": 1000, "warmup": args.warmup, "steps": args.steps, "repeat": args.repeat}

@@ -22,7 +22,7 @@ def step_model_parallel(ctx: Ctx) -> Outcome:
     ref, b = reference_run(ctx), ctx.profile.batch
     devices = ({} if ctx.device == "cpu" else TWO_GPUS if ctx.gpus > 1 else one_gpu(ctx))
     details, figures = [], {}
-    for mode, batch in (("columns", 2 * b), ("fc", b)):  # columns share a batch, fc splits it
+    for mode, batch in (("columns", 2 * b), ("fc", 2 * b)):  # a replica's batch: columns share it, fc splits it
         run = ctx.work / ctx.step / mode
         over = {**SAME_UPDATE, **devices, "parallel.model_size": 2, "parallel.model": mode,
                 "parallel.exchange": "gradients", "train.batch_size": batch}

@@ -518,14 +518,15 @@ def test_too_few_images_for_the_replicas_is_one_error_before_any_replica_starts(
                                       "global batch (56 = 7 x 8); lower train.batch_size or parallel.replicas")
 
 
-@pytest.mark.parametrize("override, expect", [
-    ("data.crop=60", "data.crop=60 is too small for 'alexnet': the minimum is 67"),
-    ("parallel.model_size=3", "parallel.model_size=3 does not divide a layer of 512 units"),
+@pytest.mark.parametrize("overrides, expect", [
+    (["data.crop=60"], "data.crop=60 is too small for 'alexnet': the minimum is 67"),
+    # a replica's batch of 12 splits over 3 fc processes; 512 units do not
+    (["parallel.model_size=3", "train.batch_size=12"], "parallel.model_size=3 does not divide a layer of 512 units"),
 ])
-def test_config_errors_that_only_the_model_finds_are_found_before_start(train_data, tmp_path, capsys, override,
+def test_config_errors_that_only_the_model_finds_are_found_before_start(train_data, tmp_path, capsys, overrides,
                                                                         expect):
     with pytest.raises(ConfigError, match=re.escape(expect)):
-        check_run(load_config("configs/demo.yaml", [*tiny_overrides(train_data, tmp_path / "run"), override]), 3)
-    assert run_train(train_data, tmp_path / "run", override) == 2
+        check_run(load_config("configs/demo.yaml", [*tiny_overrides(train_data, tmp_path / "run"), *overrides]), 3)
+    assert run_train(train_data, tmp_path / "run", *overrides) == 2
     captured = capsys.readouterr()
     assert expect in one_line(captured.err) and "starting" not in captured.out

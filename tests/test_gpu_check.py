@@ -49,10 +49,9 @@ class Run:
     """One gpu_check.py --device cpu process: its exit code, output, wall time from its start."""
 
     def __init__(self, out: Path, args: list[str]):
-        self.out = out
-        out.mkdir(parents=True)
+        self.out, self.log = out, out.parent / f"{out.name}.stdout.txt"
         self.began, self.ended, self.ended_at = time.monotonic(), None, None
-        with open(out / "stdout.txt", "w") as f:
+        with open(self.log, "w") as f:  # beside --out: the folder must hold only what gpu_check writes
             self.proc = subprocess.Popen([sys.executable, "scripts/gpu_check.py", "--device", "cpu", "--out",
                                           str(out), *args], cwd=REPO, stdout=f, stderr=subprocess.STDOUT,
                                          env={**os.environ, "PYTHONUNBUFFERED": "1"})
@@ -75,7 +74,7 @@ class Run:
 
     @property
     def stdout(self) -> str:
-        return (self.out / "stdout.txt").read_text()
+        return self.log.read_text()
 
     @property
     def report(self) -> dict:

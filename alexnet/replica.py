@@ -240,6 +240,7 @@ class Replica:
         # DDP over the processes holding the same part: all of them (M = 1), or the part's data group
         self.ddp = cfg.parallel.exchange == "gradients" and dist.data_peers is not None and dist.data_peers.size > 1
         self.exchange: WeightExchange | None = None
+        self.start_bytes = 0  # weights mode: the first replica's weights broadcast at the start
         self.comms = [self.model.comm] if self.layout.sharded else []
         forward = self._replicate()
         self.forward = torch.compile(forward) if cfg.train.compile else forward
@@ -253,7 +254,9 @@ class Replica:
             return model
         comm = peers.with_before(self.arrive)
         if p.exchange == "weights":
+            before = comm.sent[0]
             broadcast_from_first([t.data for t in model.parameters()], comm)
+            self.start_bytes = comm.sent[0] - before  # the exchange counts its own bytes, not this comm's
             self.exchange = WeightExchange(model, self.optimizer, comm, self.dist.transport, p.exchange_every)
             return model
         self.comms.append(comm)
@@ -294,7 +297,7 @@ class Replica:
     def sent_bytes(self) -> int:
         """Bytes this process has put on links so far (activations, gradients, weights)."""
         exchanged = self.exchange.sent[0] if self.exchange is not None else 0
-        return exchanged + sum(c.sent[0] for c in self.comms)
+        return self.start_bytes + exchanged + sum(c.sent[0] for c in self.comms)
 
     def parameter_bytes(self) -> int:
         return parameter_bytes(self.model)

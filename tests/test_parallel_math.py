@@ -608,10 +608,10 @@ def test_the_weights_exchange_by_transport_its_bytes_and_no_files_left(transport
 
 @pytest.mark.parametrize("exchange", ["weights", "gradients"])
 def test_a_replicas_bytes_sent_by_hand(exchange):
-    """2 replicas, one step. Weights: one exchange moves 2 (2 - 1) / 2 of the weights-and-velocities buffer
-    from each (8 bytes a value). Gradients: the first sends its weights to the second at the start (B bytes,
-    B = the parameters' bytes; a broadcast counts at its source), then each sends 2 (2 - 1) / 2 B for the
-    gradients' mean: 2B from the first, B from the second."""
+    """2 replicas, one step. Both modes start with the first sending its weights to the second (B bytes,
+    B = the parameters' bytes; a broadcast counts at its source). Weights: then one exchange moves 2 (2 - 1)
+    / 2 of the weights-and-velocities buffer from each: buffer + B from the first, buffer from the second.
+    Gradients: each sends 2 (2 - 1) / 2 B for the gradients' mean: 2B from the first, B from the second."""
     layout = Layout(replicas=2, exchange=exchange)
     cfg = layout.config(**{"parallel.transport": "gloo"})
 
@@ -622,7 +622,7 @@ def test_a_replicas_bytes_sent_by_hand(exchange):
         buffer = replica.exchange.bytes_per_exchange() if replica.exchange else 0
         return replica.sent_bytes(), sum(p.numel() * p.element_size() for p in replica.model.parameters()), buffer
     (sent0, size, buffer), (sent1, _, _) = run_ranks(2, member, 1, cfg)
-    want = (buffer, buffer) if exchange == "weights" else (2 * size, size)
+    want = (buffer + size, buffer) if exchange == "weights" else (2 * size, size)
     assert (sent0, sent1) == want and min(want) > 0
 
 

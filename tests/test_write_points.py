@@ -182,6 +182,7 @@ def test_killed_at_a_write_point_the_tool_reruns_to_the_same_output(tool, cases,
     moments = len(done.trace)
     assert moments >= 2 and moments % 2 == 0, done.trace  # a rename is two moments: before and after
     want = snapshot(out, case.ignore)
+    print(f"{tool}: {moments} moments ({moments // 2} renames)")
     rng = random.Random(f"{SEED}-{tool}")
     for k in (range(1, moments + 1) if EVERY else [rng.randint(1, moments)]):
         shutil.rmtree(out)

@@ -53,12 +53,17 @@ class MeshLayout:
     def reader_world(self) -> int:
         return self.dist.replicas if self.sharded and self.mode == "columns" else self.dist.world
 
+    def per_reader(self, images: int) -> int:
+        """A replica's (a model group's) `images` per step as this process reads them: fc splits them over
+        the group's processes (rounded up: a last, short step is shared out whatever its rows), columns each
+        read all of them."""
+        return -(-images // self.model_size) if self.sharded and self.mode == "fc" else images
+
     @property
     def reader_batch(self) -> int:
-        """The images this process reads per step: train.batch_size is a replica's (a model group's) batch
-        in every layout; fc splits it over the group's processes, columns each read all of it."""
-        b = self.cfg.train.batch_size
-        return b // self.model_size if self.sharded and self.mode == "fc" else b
+        """The images this process reads per step (train.batch_size is a replica's in every layout; fc needs
+        a multiple of its model size, checked with the config)."""
+        return self.per_reader(self.cfg.train.batch_size)
 
     @property
     def global_batch(self) -> int:

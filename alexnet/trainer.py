@@ -57,12 +57,9 @@ class StopFlag:
 
 def loader_spec(cfg: Config, dist: DistInfo, layout: MeshLayout, splits: tuple[str, ...]) -> LoaderSpec:
     d = cfg.data
-    # Both batches are a replica's; fc splits them over its model group's processes (val rounded up: the
-    # last step's rows are shared out however many there are).
-    val = d.val_batch_size or cfg.train.batch_size
-    per_reader_val = -(-val // layout.model_size) if layout.sharded and layout.mode == "fc" else val
     return LoaderSpec(root=d.root, batch_size=layout.reader_batch,
-                      val_batch_size=per_reader_val, crop=d.crop, rank=layout.reader_rank,
+                      val_batch_size=layout.per_reader(d.val_batch_size or cfg.train.batch_size), crop=d.crop,
+                      rank=layout.reader_rank,
                       world=layout.reader_world, seed=cfg.train.seed, shuffle=d.shuffle,
                       shuffle_window=d.shuffle_window, random_crop=d.random_crop, flip=d.flip, mean=d.mean,
                       channel_mean=tuple(d.channel_mean), channel_std=tuple(d.channel_std), device=str(dist.device),

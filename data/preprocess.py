@@ -42,6 +42,7 @@ from .batchfile import (
     write_batch_file,
 )
 from .decode import RESIZE_MODES, load_image
+from .domains import OutputPath
 from .fsutil import exclusive_dir, remove_stale_temps
 from .layouts import DataError, Item, RawName, printable
 from .procs import die_with_parent
@@ -504,10 +505,9 @@ OWN_NAMES = ("plan.json", "meta.json", "report.json", "mean.npy", INDEX_NAME, *S
 
 
 def _not_written_here(out: Path) -> list[str]:
-    """The entries of an existing --out that are not this tool's: none for a new, empty or earlier output."""
-    if not out.is_dir():
-        return []
-    return sorted(e.name for e in os.scandir(out) if e.name not in OWN_NAMES and not e.name.startswith("."))
+    """The entries of an existing --out that are not this tool's: none for a new, empty or earlier output
+    (the rule of --out's declared domain, for callers of preprocess() that parse no command line)."""
+    return OutputPath("folder", own=OWN_NAMES).foreign(out) if out.is_dir() else []
 
 
 def _within(path: str, folder: str) -> bool:

@@ -15,6 +15,7 @@ their tensors, JSON and metrics without wall-clock fields or the preprocessed ou
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -122,7 +123,8 @@ def run_tool(argv: list[str], work: Path, pause_at: int | None = None, timeout: 
         if left:
             listing = "; ".join(f"{p}: {_cmdline(p)}" for p in left)
             for p in left:
-                with_suppressed_kill(p)
+                with contextlib.suppress(ProcessLookupError):  # it may have ended since
+                    os.kill(p, signal.SIGKILL)
             raise AssertionError(f"{len(left)} process(es) outlived the tool's top process by {GONE_S:.0f} s: "
                                  f"{listing}")
         return Run(proc.returncode, log.read_text(errors="replace"), read_trace(trace))
@@ -130,13 +132,6 @@ def run_tool(argv: list[str], work: Path, pause_at: int | None = None, timeout: 
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
-
-
-def with_suppressed_kill(pid: int) -> None:
-    try:
-        os.kill(pid, signal.SIGKILL)
-    except ProcessLookupError:
-        pass
 
 
 # -- what a run leaves, by content ------------------------------------------------------------------------

@@ -185,3 +185,12 @@ def test_complete_leaves_best_of_a_state_that_was_not_the_best(tmp_path):
     assert loaded["is_best"] is False and d.complete(loaded, path) == []
     assert value_in(tmp_path / "best.pt") == 1.0
     assert d.complete({"epoch": 2}, path) == []  # a checkpoint older than is_best: nothing to go by
+
+
+def test_complete_links_a_missing_best(tmp_path):
+    """best.pt gone (deleted, or never linked) and the resumed state the best: complete() links it."""
+    d = CheckpointDir(tmp_path)
+    d.save(state(1, 1.0), epoch_done=True, is_best=True)
+    (tmp_path / "best.pt").unlink()
+    loaded, path = d.load_newest()
+    assert d.complete(loaded, path) and same_file(tmp_path / "best.pt", path)

@@ -46,3 +46,29 @@ def test_the_hook_numbers_every_moment_and_holds_the_chosen_one(tmp_path, monkey
     assert [(n, m, os.path.basename(p)) for n, _, m, p in rows] == [
         ("1", "before", "a"), ("2", "after", "a"), ("3", "before", "b"), ("4", "after", "b")]
     assert {pid for _, pid, _, _ in rows} == {str(os.getpid())}
+
+
+def test_the_hook_holds_the_thread_at_the_chosen_moment_until_let_go(tmp_path, monkeypatch):
+    """PAUSE_AT=2 (after the first rename): the writing thread stops there, the first file renamed and the
+    second not begun, until WRITE_TRACE.go exists."""
+    import threading
+    import time
+    trace = tmp_path / "trace.txt"
+    monkeypatch.setenv(fsutil.WRITE_TRACE, str(trace))
+    monkeypatch.setenv(fsutil.PAUSE_AT, "2")
+
+    def write_two():
+        for name in ("a", "b"):
+            tmp = fsutil.temp_path(tmp_path / name)
+            tmp.write_text(name)
+            fsutil.commit(tmp, tmp_path / name)
+    t = threading.Thread(target=write_two, daemon=True)
+    t.start()
+    while len(trace.read_text().splitlines() if trace.exists() else []) < 2:
+        time.sleep(0.01)
+    t.join(0.3)  # held: still there well after its second moment
+    assert t.is_alive() and (tmp_path / "a").exists() and not (tmp_path / "b").exists()
+    assert len(trace.read_text().splitlines()) == 2
+    (tmp_path / "trace.txt.go").touch()
+    t.join(10)
+    assert not t.is_alive() and (tmp_path / "b").read_text() == "b" and len(trace.read_text().splitlines()) == 4

@@ -202,3 +202,21 @@ def test_a_sampled_refusal_as_a_real_process_writes_nothing(every_option, tmp_pa
     lines = r.stderr.strip().splitlines()
     assert r.returncode == 2 and len(lines) == 1 and flag in lines[0], (seed, script, flag, text, r.stderr)
     assert list(work.iterdir()) == [], (seed, script, flag, text)
+
+
+def test_a_refusal_of_someone_elses_folder_says_it_exactly(tmp_path, monkeypatch):
+    """The message, by hand: the first foreign name and how many more; "(the working directory)" only for it."""
+    folder = tmp_path / "theirs"
+    folder.mkdir()
+    for name in ("b.txt", "a.txt", "own.png", ".hidden"):
+        (folder / name).write_text("")
+    out = OutputPath("folder", own=("*.png",))
+    tail = "; give a new or empty folder, or one it wrote before"
+    with pytest.raises(argparse.ArgumentTypeError) as e:
+        out(str(folder))
+    assert str(e.value) == f"{folder} holds files this tool did not write ('a.txt' and 1 more){tail}"
+    (folder / "b.txt").unlink()
+    monkeypatch.chdir(folder)
+    with pytest.raises(argparse.ArgumentTypeError) as e:
+        out(".")
+    assert str(e.value) == f". (the working directory) holds files this tool did not write ('a.txt'){tail}"

@@ -40,7 +40,7 @@ from alexnet.replica import MeshLayout  # noqa: E402
 from alexnet.rundir import ENV_LOCK_FD, check_run_dir, hold, lock_holder_here  # noqa: E402
 from alexnet.trainer import NonFiniteLoss, StopFlag, Trainer  # noqa: E402
 from data.batchfile import BatchFileError  # noqa: E402
-from data.domains import OneLineParser  # noqa: E402
+from data.domains import InputPath, OneLineParser, text  # noqa: E402
 from data.fsutil import os_error_exit_code, os_error_message  # noqa: E402
 from data.layouts import DataError  # noqa: E402
 from data.procs import die_with_parent  # noqa: E402
@@ -52,8 +52,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                                 formatter_class=argparse.RawDescriptionHelpFormatter,
                                 epilog="Overrides: section.key=value, e.g. train.epochs=10 data.root=DIR\n\n"
                                        "example: python train.py configs/alexnet_1gpu.yaml data.root=imagenet256")
-    p.add_argument("config", help="YAML config (see configs/); states only what differs from the defaults")
-    p.add_argument("overrides", nargs="*", default=[], help="optional dotted overrides, e.g. train.lr=0.02")
+    p.add_argument("config", type=InputPath("file"),
+                   help="YAML config (see configs/); states only what differs from the defaults")
+    p.add_argument("overrides", nargs="*", default=[], type=text("section.key=value"),
+                   help="optional dotted overrides, e.g. train.lr=0.02")
     p.add_argument("--dry-run", action="store_true", help="check the config, the data and run.dir as a start "
                    "would, print what would run (processes, global batch, steps), then exit without writing")
     return p.parse_args(argv)

@@ -1,15 +1,17 @@
-"""The domains of the user scripts' numeric options and output paths, declared once: each is an argparse
-``type`` that converts the text, refuses a value outside the domain in one line naming the option (argparse
-adds its name), and lists values it must refuse, from which tests/test_option_domains.py tries every such
-option of every script as the parsers define them. A bare ``type=int`` or ``type=float`` accepts -1, 0,
-nan and inf alike, and a bare output path accepts "", "/" and a folder of someone else's files: the test
-fails for such an option."""
+"""The domains of the user scripts' arguments, declared once: numbers, devices, free text, the paths a tool
+reads and the paths it writes. Each is an argparse ``type`` that converts the text, refuses a value outside
+the domain in one line naming the option (argparse adds its name), and says which values it must refuse,
+from which tests/test_option_domains.py tries every argument of every script as the parsers define them.
+A bare ``type=int`` or ``type=float`` accepts -1, 0, nan and inf alike, a bare input path accepts a
+missing file until the tool opens it (after other work, naming no option), and a bare output path accepts
+"", "/" and a folder of someone else's files: the test fails for an argument without a domain."""
 from __future__ import annotations
 
 import argparse
 import fnmatch
 import math
 import os
+import re
 from collections.abc import Callable
 from pathlib import Path
 from typing import NoReturn
@@ -49,9 +51,95 @@ def at_least(low: int) -> Domain:
 
 COUNT = at_least(1)          # how many: images, steps, files, workers, replicas ...
 NON_NEGATIVE = at_least(0)   # may be none: seeds, epochs (0 where the default means "the last"), warmups
+
+
+def _digits(text: str) -> str:
+    if not text.isdigit():
+        raise ValueError(text)
+    return text
+
+
+# a count kept as the text the tool reads itself (preprocess's --classes: N, or a file)
+COUNT_TEXT = Domain("an integer >= 1", _digits, lambda t: 1 <= int(t) <= MAX_INT, COUNT.refused)
 POSITIVE = Domain("a finite number > 0", float, lambda x: math.isfinite(x) and x > 0, ("0", "-1", *_NOT_FLOAT))
 NON_NEGATIVE_FLOAT = Domain("a finite number >= 0", float, lambda x: math.isfinite(x) and x >= 0,
                             ("-0.5", *_NOT_FLOAT))
+
+
+def _nonempty(text: str) -> str:
+    if not text.strip():
+        raise ValueError(text)
+    return text
+
+
+def text(describe: str) -> Domain:
+    """Free text the tool reads itself (a name, a list): only an empty or blank value is refused here."""
+    return Domain(describe, _nonempty, lambda s: True, ("", " "))
+
+
+_DEVICE = re.compile(r"cpu|cuda(:\d+)?")
+
+
+def device(auto: bool = True) -> Domain:
+    """A torch device name as the tools take it: cpu, cuda, cuda:N (and `auto`: cuda if present, else cpu).
+    Whether that GPU exists is asked later, where CUDA is started."""
+    words = "auto, cpu, cuda or cuda:N" if auto else "cpu, cuda or cuda:N"
+    return Domain(f"a device ({words})", str, lambda s: (auto and s == "auto") or bool(_DEVICE.fullmatch(s)),
+                  ("gpu", "cuda:x", "cuda:-1", "", *(() if auto else ("auto",))))
+
+
+DEVICE = device()
+
+
+class InputPath:
+    """An argparse type for what a tool reads: an existing, readable `file`, `folder`, or `either`. `names`:
+    words taken as they are (the published weight sets, fetched by name). Refused: an empty path, one that
+    does not exist, a folder given for a file and the reverse, one this user cannot read. Returns the text."""
+
+    def __init__(self, kind: str, names: tuple[str, ...] = ()):
+        if kind not in ("file", "folder", "either"):
+            raise ValueError(f"InputPath kind must be file, folder or either, got {kind!r}")
+        self.kind, self.names = kind, tuple(names)
+        self.__name__ = f"input {kind}"
+
+    def __call__(self, text: str) -> str:
+        if not text.strip():
+            raise argparse.ArgumentTypeError("must name a path, got an empty one")
+        if text in self.names:
+            return text
+        path = Path(text).expanduser()
+        if not path.exists():
+            also = f", and is not one of the names {', '.join(self.names)}" if self.names else ""
+            raise argparse.ArgumentTypeError(f"{text} does not exist{also}")
+        if self.kind == "file" and path.is_dir():
+            raise argparse.ArgumentTypeError(f"{text} is a folder; give a file")
+        if self.kind == "folder" and not path.is_dir():
+            raise argparse.ArgumentTypeError(f"{text} is a file, not a folder")
+        if not os.access(path, os.R_OK | (os.X_OK if path.is_dir() else 0)):
+            raise argparse.ArgumentTypeError(f"{text} cannot be read (permissions)")
+        return text
+
+    def __repr__(self) -> str:
+        return f"InputPath({self.kind}, {self.names})"
+
+
+class AnyOf:
+    """An argparse type taking what any of `types` takes (tried in order): e.g. a count or a file."""
+
+    def __init__(self, describe: str, *types: Callable[[str], object]):
+        self.describe, self.types = describe, types
+        self.__name__ = describe
+
+    def __call__(self, text: str) -> object:
+        for kind in self.types:
+            try:
+                return kind(text)
+            except argparse.ArgumentTypeError:
+                continue
+        raise argparse.ArgumentTypeError(f"must be {self.describe}, got {text!r}")
+
+    def __repr__(self) -> str:
+        return f"AnyOf({self.describe})"
 
 
 class OutputPath:

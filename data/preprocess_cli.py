@@ -9,7 +9,7 @@ import sys
 from concurrent.futures.process import BrokenProcessPool
 from pathlib import Path
 
-from data.domains import COUNT, NON_NEGATIVE, POSITIVE, OneLineParser, OutputPath
+from data.domains import COUNT, COUNT_TEXT, NON_NEGATIVE, POSITIVE, AnyOf, InputPath, OneLineParser, OutputPath
 
 from .archives import ArchiveError
 from .decode import RESIZE_MODES
@@ -26,19 +26,22 @@ def build_parser() -> argparse.ArgumentParser:
         epilog="Re-run the same command to resume an interrupted run. See docs/preprocessing.md for ImageNet.\n\n"
         "example: python scripts/preprocess.py --train-dir ILSVRC2012_img_train.tar --val-dir ILSVRC2012_img_val.tar "
         "--val-labels ILSVRC2012_devkit_t12.tar.gz --out imagenet256")
-    p.add_argument("--train-dir", required=True, nargs="+", metavar="TRAIN",
+    p.add_argument("--train-dir", required=True, nargs="+", metavar="TRAIN", type=InputPath("either"),
                    help="ILSVRC2012 train: a <wnid>/<image> folder, ILSVRC2012_img_train.tar (read in place), "
                         "or Hugging Face train_images_*.tar.gz shards")
-    p.add_argument("--val-dir", nargs="+", metavar="VAL",
+    p.add_argument("--val-dir", nargs="+", metavar="VAL", type=InputPath("either"),
                    help="val: a folder (<wnid>/<image>, or flat with --val-labels), ILSVRC2012_img_val.tar, "
                         "or Hugging Face val_images.tar.gz")
-    p.add_argument("--val-labels", nargs="+", metavar="LABELS",
+    p.add_argument("--val-labels", nargs="+", metavar="LABELS", type=InputPath("either"),
                    help="labels of a flat val: LOC_val_solution.csv (Kaggle), val.txt (Caffe), the devkit "
                         "(ILSVRC2012_devkit_t12.tar.gz or its folder), or meta.mat and the ground-truth file")
-    p.add_argument("--class-names", metavar="FILE", help="the words of each wnid: '<wnid> <words>' lines "
+    p.add_argument("--class-names", metavar="FILE", type=InputPath("either"),
+                   help="the words of each wnid: '<wnid> <words>' lines "
                    "(LOC_synset_mapping.txt) or the devkit; default: the devkit or LOC_synset_mapping.txt "
                    "beside a Kaggle CSV, when given")
-    p.add_argument("--classes", metavar="N|FILE", help="a subset: N classes chosen with --seed, or the wnids "
+    p.add_argument("--classes", metavar="N|FILE",
+                   type=AnyOf("a count of classes or a file of wnids", COUNT_TEXT, InputPath("file")),
+                   help="a subset: N classes chosen with --seed, or the wnids "
                    "listed in FILE; labels 0..N-1 in sorted-wnid order, val restricted to them")
     p.add_argument("--train-per-class", type=COUNT, metavar="K", help="at most K training images per class "
                    "(the first K by name)")

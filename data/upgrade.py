@@ -32,7 +32,7 @@ from .batchfile import (
     read_file_attrs,
     write_batch_file,
 )
-from .domains import COUNT, OneLineParser
+from .domains import COUNT, InputPath, OneLineParser
 from .layouts import DataError
 from .preprocess import SPLITS, exclusive
 from .procs import die_with_parent
@@ -177,7 +177,7 @@ def main(argv: list[str] | None = None) -> int:
                                 formatter_class=argparse.RawDescriptionHelpFormatter,
                                 epilog="Re-run the same command to resume an interrupted run.\n\n"
                                        "example: python scripts/upgrade_data.py imagenet256")
-    p.add_argument("root", help="a folder written by scripts/preprocess.py")
+    p.add_argument("root", type=InputPath("folder"), help="a folder written by scripts/preprocess.py")
     p.add_argument("--workers", type=COUNT, default=None,
                    help="processes converting files in parallel (default: all cores)")
     p.add_argument("--quiet", action="store_true", help="no progress bar")

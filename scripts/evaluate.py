@@ -44,10 +44,10 @@ from alexnet.cli import guarded, positive, protect_streams  # noqa: E402
 from alexnet.distributed import pick_device  # noqa: E402
 from alexnet.evaluation import PRECISIONS, evaluate, prepare  # noqa: E402
 from alexnet.models import ARCHS  # noqa: E402
-from alexnet.weights.hub import NAME_HELP  # noqa: E402
+from alexnet.weights.hub import NAME_HELP, PUBLISHED  # noqa: E402
 from alexnet.weights.theano_layout import THEANO_CONVS  # noqa: E402
 from data.batchfile import atomic_write_json  # noqa: E402
-from data.domains import OUTPUT_FILE, OneLineParser  # noqa: E402
+from data.domains import DEVICE, OUTPUT_FILE, InputPath, OneLineParser  # noqa: E402
 from data.fsutil import check_writable  # noqa: E402
 
 # --help's last line
@@ -58,14 +58,16 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = OneLineParser(description=__doc__.splitlines()[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter,
                                 epilog="\n".join(__doc__.splitlines()[2:]) + f"\n\nexample: {EXAMPLE}")
-    p.add_argument("--data", required=True, help="a scripts/preprocess.py output folder")
-    p.add_argument("--weights", required=True, help="checkpoint (.pt), state_dict file, a Theano weights folder, or a "
+    p.add_argument("--data", required=True, type=InputPath("folder"), help="a scripts/preprocess.py output folder")
+    p.add_argument("--weights", required=True, type=InputPath("either", names=tuple(PUBLISHED)),
+                   help="checkpoint (.pt), state_dict file, a Theano weights folder, or a "
                    "BVLC .caffemodel" + NAME_HELP)
     p.add_argument("--arch", choices=ARCHS, help="needed only for plain alexnet/caffenet state dicts")
     p.add_argument("--epoch", type=positive, help="Theano folder: the epoch to load (default: the highest)")
     p.add_argument("--theano-conv", choices=THEANO_CONVS, help="Theano folder: the run's lib_conv (default cudnn, "
                    "as the released weights: kernels are flipped; cudaconvnet: not flipped)")
-    p.add_argument("--mean", help="a mean image .npy, (3, S, S) as Theano's img_mean.npy or (S, S, 3), or a Caffe "
+    p.add_argument("--mean", type=InputPath("file"),
+                   help="a mean image .npy, (3, S, S) as Theano's img_mean.npy or (S, S, 3), or a Caffe "
                    ".binaryproto (BGR, e.g. imagenet_mean.binaryproto), subtracted instead of the data's mean.npy "
                    "(weights normalised by a mean image only)")
     p.add_argument("--crops", type=int, choices=(1, 10), default=1, help="1: center crop; 10: corners+center, "
@@ -76,8 +78,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                    "prob1..prob5: the probability of each prediction, averaged over the crops; then the wnid "
                    "and words of the true class and of each prediction)")
     p.add_argument("--batch-size", type=positive, default=100, help="images per forward pass (default 100)")
-    p.add_argument("--device", default="auto", help="auto (cuda if present) | cpu | cuda | cuda:N")
-    p.add_argument("--split", default="val", help="the split to evaluate (default val)")
+    p.add_argument("--device", type=DEVICE, default="auto", help="auto (cuda if present) | cpu | cuda | cuda:N")
+    p.add_argument("--split", choices=("val", "train"), default="val", help="the split to evaluate (default val)")
     p.add_argument("--precision", choices=PRECISIONS, default="fp32", help="default fp32")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     return p.parse_args(argv)

@@ -36,9 +36,9 @@ from alexnet.distributed import pick_device  # noqa: E402
 from alexnet.evaluation import prepare  # noqa: E402
 from alexnet.figures.make import FIGURES, FigureOptions, make_figures  # noqa: E402
 from alexnet.models import ARCHS  # noqa: E402
-from alexnet.weights.hub import NAME_HELP, resolve  # noqa: E402
+from alexnet.weights.hub import NAME_HELP, PUBLISHED, resolve  # noqa: E402
 from alexnet.weights.theano_layout import THEANO_CONVS  # noqa: E402
-from data.domains import NON_NEGATIVE, OneLineParser, OutputPath  # noqa: E402
+from data.domains import DEVICE, NON_NEGATIVE, InputPath, OneLineParser, OutputPath, text  # noqa: E402
 
 # --help's last line
 EXAMPLE = "python scripts/figures.py --weights demo/run/checkpoints/best.pt --data demo/data --out demo/run/figures"
@@ -48,18 +48,22 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = OneLineParser(description=__doc__.splitlines()[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter,
                                 epilog="\n".join(__doc__.splitlines()[2:]) + f"\n\nexample: {EXAMPLE}")
-    p.add_argument("--weights", required=True, help="checkpoint (.pt), state_dict file, a Theano weights folder, or a "
+    p.add_argument("--weights", required=True, type=InputPath("either", names=tuple(PUBLISHED)),
+                   help="checkpoint (.pt), state_dict file, a Theano weights folder, or a "
                    "BVLC .caffemodel" + NAME_HELP)
-    p.add_argument("--data", required=True, help="a scripts/preprocess.py output folder (val and train splits)")
+    p.add_argument("--data", required=True, type=InputPath("folder"),
+                   help="a scripts/preprocess.py output folder (val and train splits)")
     p.add_argument("--out", required=True, type=OutputPath("folder", own=("*.png", "*.json", "cache")),
                    help="folder for the figures")
     p.add_argument("--arch", choices=ARCHS, help="needed only for plain alexnet/caffenet state dicts")
     p.add_argument("--epoch", type=positive, help="Theano folder: the epoch to load (default: the highest)")
     p.add_argument("--theano-conv", choices=THEANO_CONVS, help="Theano folder: the run's lib_conv")
-    p.add_argument("--mean", help="a mean image file subtracted instead of the data's mean.npy (as evaluate.py)")
+    p.add_argument("--mean", type=InputPath("file"),
+                   help="a mean image file subtracted instead of the data's mean.npy (as evaluate.py)")
     p.add_argument("--only", nargs="+", choices=FIGURES, default=list(FIGURES), help="draw only these figures")
     p.add_argument("--n-images", type=positive, default=8, help="predictions: validation images (default 8)")
-    p.add_argument("--images", nargs="+", metavar="IMAGE", help="predictions: these validation images (indices "
+    p.add_argument("--images", nargs="+", metavar="IMAGE", type=text("an index or a name"),
+                   help="predictions: these validation images (indices "
                    "in file order, or names as in evaluate.py's CSV) instead of a seeded choice")
     p.add_argument("--queries", type=positive, default=4, help="neighbours: validation images (default 4)")
     p.add_argument("--neighbours", type=positive, default=6, help="neighbours: training images per query "
@@ -69,7 +73,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--seed", type=NON_NEGATIVE, default=0, help="seeds the choice of images (default 0)")
     p.add_argument("--crops", type=int, choices=(1, 10), default=1, help="predictions: 1 (center) or 10 crops")
     p.add_argument("--batch-size", type=positive, default=100, help="images per forward pass (default 100)")
-    p.add_argument("--device", default="auto", help="auto (cuda if present) | cpu | cuda | cuda:N")
+    p.add_argument("--device", type=DEVICE, default="auto", help="auto (cuda if present) | cpu | cuda | cuda:N")
     p.add_argument("--cache", type=OutputPath("folder", own=("*.npz",)),
                    help="folder of the cached fc7 features (default <out>/cache)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")

@@ -23,7 +23,7 @@ quiet_start(__name__, "plot.py")  # a Ctrl-C while torch imports: one line, not 
 
 from alexnet.cli import interrupt_code, protect_streams, stopping_on_signals  # noqa: E402
 from alexnet.metrics import read_metrics  # noqa: E402
-from data.domains import OUTPUT_FILE, OneLineParser  # noqa: E402
+from data.domains import OUTPUT_FILE, InputPath, OneLineParser  # noqa: E402
 from data.fsutil import commit  # noqa: E402
 
 # (seconds per unit, axis label): the largest unit in which the longest run spans at least 2 units.
@@ -39,7 +39,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = OneLineParser(description=__doc__.splitlines()[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter,
                                 epilog="example: python scripts/plot.py runs/1gpu runs/2gpu --out compare.png")
-    p.add_argument("runs", nargs="+", metavar="RUN_DIR", help="run directories (run.dir of train.py)")
+    p.add_argument("runs", nargs="+", metavar="RUN_DIR", type=InputPath("folder"),
+                   help="run directories (run.dir of train.py)")
     p.add_argument("--out", type=OUTPUT_FILE, help="output image (default: <first RUN_DIR>/learning_curve.png)")
     return p.parse_args(argv)
 

@@ -37,12 +37,12 @@ from alexnet.cli import OneLineParser, guarded, positive, protect_streams  # noq
 from alexnet.evaluation import load_weights, predict_log_probs  # noqa: E402
 from alexnet.models import ARCHS  # noqa: E402
 from alexnet.weights.geometry import expected_geometry  # noqa: E402
-from alexnet.weights.hub import NAME_HELP, resolve  # noqa: E402
+from alexnet.weights.hub import NAME_HELP, PUBLISHED, resolve  # noqa: E402
 from data.augment import Normalizer  # noqa: E402
 from data.batchfile import atomic_write_json  # noqa: E402
 from data.classnames import read_class_names  # noqa: E402
 from data.decode import RESIZE_MODES, load_image  # noqa: E402
-from data.domains import NON_NEGATIVE, OUTPUT_FILE  # noqa: E402
+from data.domains import NON_NEGATIVE, OUTPUT_FILE, InputPath, device  # noqa: E402
 from data.fsutil import check_writable  # noqa: E402
 from data.meta import read_mean, read_meta  # noqa: E402
 
@@ -54,17 +54,21 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = OneLineParser(description=__doc__.splitlines()[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter,
                                 epilog="\n".join(__doc__.splitlines()[2:]) + f"\n\nexample: {EXAMPLE}")
-    p.add_argument("weights", help="checkpoint (.pt), state_dict file, or a Theano weights folder" + NAME_HELP)
-    p.add_argument("images", nargs="+", help="JPEG/PNG files")
-    p.add_argument("--data", help="the scripts/preprocess.py folder the weights were trained on: image size, resize "
+    p.add_argument("weights", type=InputPath("either", names=tuple(PUBLISHED)),
+                   help="checkpoint (.pt), state_dict file, or a Theano weights folder" + NAME_HELP)
+    p.add_argument("images", nargs="+", type=InputPath("file"), help="JPEG/PNG files")
+    p.add_argument("--data", type=InputPath("folder"),
+                   help="the scripts/preprocess.py folder the weights were trained on: image size, resize "
                    "mode, mean image, wnids and class names")
-    p.add_argument("--class-names", metavar="FILE", help="'<wnid> <words>' lines (LOC_synset_mapping.txt) or the "
+    p.add_argument("--class-names", metavar="FILE", type=InputPath("either"),
+                   help="'<wnid> <words>' lines (LOC_synset_mapping.txt) or the "
                    "devkit; without wnids from the weights or --data, a file of exactly as many wnids as the "
                    "model has classes numbers them in sorted order")
     p.add_argument("--arch", choices=ARCHS, help="needed only for plain alexnet/caffenet state dicts")
     p.add_argument("--epoch", type=NON_NEGATIVE, help="Theano folder: the epoch to load (default: the highest)")
     p.add_argument("--theano-conv", choices=("cudnn", "cudaconvnet"), help="Theano folder: its lib_conv")
-    p.add_argument("--mean", help="a mean image .npy, (3, S, S) or (S, S, 3), for weights normalised by a mean image")
+    p.add_argument("--mean", type=InputPath("file"),
+                   help="a mean image .npy, (3, S, S) or (S, S, 3), for weights normalised by a mean image")
     p.add_argument("--size", type=positive, help="decoded side (default: --data's image size, else 256)")
     p.add_argument("--resize", choices=RESIZE_MODES, help="default: --data's mode, else warp for Theano weights "
                    "and short for the rest")
@@ -72,7 +76,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                    "plain and mirrored, probabilities averaged (default 1)")
     p.add_argument("--top", type=positive, default=5, help="how many classes to print (default 5)")
     p.add_argument("--json", type=OUTPUT_FILE, help="also write the predictions as JSON to this file")
-    p.add_argument("--device", default="cpu", help="cpu | cuda | cuda:N (default cpu)")
+    p.add_argument("--device", type=device(auto=False), default="cpu", help="cpu | cuda | cuda:N (default cpu)")
     return p.parse_args(argv)
 
 

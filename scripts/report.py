@@ -31,7 +31,7 @@ from alexnet.distributed import pick_device  # noqa: E402
 from alexnet.evaluation import prepare  # noqa: E402
 from alexnet.figures.make import FigureOptions  # noqa: E402
 from alexnet.figures.report import data_root, read_run, write_report  # noqa: E402
-from data.domains import NON_NEGATIVE, OUTPUT_FILE, OneLineParser  # noqa: E402
+from data.domains import DEVICE, NON_NEGATIVE, OUTPUT_FILE, InputPath, OneLineParser  # noqa: E402
 
 # --help's last line
 EXAMPLE = "python scripts/report.py runs/alexnet_1gpu --data imagenet256"
@@ -41,14 +41,15 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = OneLineParser(description=__doc__.splitlines()[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter,
                                 epilog="\n".join(__doc__.splitlines()[2:]) + f"\n\nexample: {EXAMPLE}")
-    p.add_argument("run", metavar="RUN_DIR", help="a run directory of train.py (run.dir)")
-    p.add_argument("--data", help="the preprocessed data folder (default: the run config's data.root)")
+    p.add_argument("run", metavar="RUN_DIR", type=InputPath("folder"), help="a run directory of train.py (run.dir)")
+    p.add_argument("--data", type=InputPath("folder"),
+                   help="the preprocessed data folder (default: the run config's data.root)")
     p.add_argument("--out", type=OUTPUT_FILE, help="the page (default RUN_DIR/report.html)")
     p.add_argument("--train-images", type=positive, default=2000, help="neighbours figure: the seeded subset of "
                    "training images searched (default 2000)")
     p.add_argument("--seed", type=NON_NEGATIVE, default=0, help="seeds the choice of images in the figures (default 0)")
     p.add_argument("--batch-size", type=positive, default=100, help="images per forward pass (default 100)")
-    p.add_argument("--device", default="auto", help="auto (cuda if present) | cpu | cuda | cuda:N")
+    p.add_argument("--device", type=DEVICE, default="auto", help="auto (cuda if present) | cpu | cuda | cuda:N")
     p.add_argument("--no-progress", action="store_true", help="no progress bars")
     return p.parse_args(argv)
 

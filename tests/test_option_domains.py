@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from data.domains import Domain, OutputPath
+from data.domains import AnyOf, Domain, InputPath, OutputPath
 from tests import children
 from tests.conftest import REPO
 from tests.parsers import script_parser
@@ -55,11 +55,15 @@ def test_the_walk_finds_the_options_of_every_script_and_subcommand(every_option)
     assert len({s for s, *_ in every_option}) >= 10
 
 
-def test_every_option_that_takes_a_value_has_a_declared_domain(every_option):
-    bare = [f"{s} {' '.join(w)} {a.option_strings[-1]}: type {getattr(a.type, '__name__', a.type)}"
-            for s, w, a, _ in every_option
-            if a.choices is None and not isinstance(a.type, (Domain, OutputPath)) and a.type not in (None, str)]
-    assert not bare, "options without a declared domain (data/domains.py):\n" + "\n".join(bare)
+DECLARED = (Domain, OutputPath, InputPath, AnyOf)
+
+
+def test_every_argument_that_takes_a_value_has_a_declared_domain(every_path_argument):
+    """Options and positionals: a list of choices or a data/domains.py type; a bare int, float, str or no
+    type at all (text taken as it comes: a missing file found only when opened, after other work) fails."""
+    bare = [f"{s} {' '.join(w)} {(a.option_strings or [a.dest])[-1]}: type {getattr(a.type, '__name__', a.type)}"
+            for s, w, a, _ in every_path_argument if a.choices is None and not isinstance(a.type, DECLARED)]
+    assert not bare, "arguments without a declared domain (data/domains.py):\n" + "\n".join(bare)
 
 
 # Where a tool writes, by the option's name; a new output option named so must declare an OutputPath.
@@ -105,34 +109,117 @@ def _bad_outputs(kind: str, tmp: Path) -> dict[str, str]:
     return bad
 
 
+def refused_wrongly(cases, capsys) -> list[str]:
+    """Each (script, words, action, parser, text, needed) given to its parser: what was not refused with exit
+    2 and one line naming the argument and holding `needed`. Positionals through their type (their parser
+    takes other positionals first)."""
+    wrong = []
+    for script, words, action, parser, text, needed in cases:
+        if not action.option_strings:
+            try:
+                action.type(text)
+                wrong.append(f"{script} {action.dest}={text!r}: accepted")
+            except argparse.ArgumentTypeError as e:
+                if needed not in str(e):
+                    wrong.append(f"{script} {action.dest}={text!r}: {e}")
+            continue
+        flag = action.option_strings[-1]
+        with pytest.raises(SystemExit) as e:
+            parser.parse_args([f"{flag}={text}"])
+        err = capsys.readouterr().err.strip().splitlines()
+        if e.value.code != 2 or len(err) != 1 or flag not in err[0] or needed not in err[0]:
+            wrong.append(f"{script} {' '.join(words)} {flag}={text!r}: exit {e.value.code}, {err[-1:]}")
+    return wrong
+
+
 def test_every_output_argument_refuses_where_it_must_not_write(every_path_argument, tmp_path, capsys,
                                                                monkeypatch):
     """"", "/", a file's child, a folder for a file and a file for a folder, and a folder of someone
     else's files (the working directory, here holding a_file and someone_elses, too): exit 2, one line
     naming the argument; positionals through their type (their parser takes other positionals first)."""
     monkeypatch.chdir(tmp_path)
-    tried, wrong = 0, []
-    for script, words, action, parser in every_path_argument:
-        if not isinstance(action.type, OutputPath):
-            continue
-        for text, words_needed in _bad_outputs(action.type.kind, tmp_path).items():
-            tried += 1
-            if not action.option_strings:
-                try:
-                    action.type(text)
-                    wrong.append(f"{script} {action.dest}={text!r}: accepted")
-                except argparse.ArgumentTypeError as e:
-                    if words_needed not in str(e):
-                        wrong.append(f"{script} {action.dest}={text!r}: {e}")
-                continue
-            flag = action.option_strings[-1]
-            with pytest.raises(SystemExit) as e:
-                parser.parse_args([f"{flag}={text}"])
-            err = capsys.readouterr().err.strip().splitlines()
-            if e.value.code != 2 or len(err) != 1 or flag not in err[0] or words_needed not in err[0]:
-                wrong.append(f"{script} {' '.join(words)} {flag}={text!r}: exit {e.value.code}, {err[-1:]}")
+    cases = [(script, words, action, parser, text, needed) for script, words, action, parser in every_path_argument
+             if isinstance(action.type, OutputPath)
+             for text, needed in _bad_outputs(action.type.kind, tmp_path).items()]
+    wrong = refused_wrongly(cases, capsys)
     assert not wrong, "\n".join(wrong)
-    assert tried >= 80
+    assert len(cases) >= 80
+
+
+def _refuses(kind, text: str) -> bool:
+    try:
+        kind(text)
+    except argparse.ArgumentTypeError:
+        return True
+    return False
+
+
+def _bad_inputs(kind: InputPath | AnyOf | Domain, tmp: Path) -> dict[str, str]:
+    """Texts an input type must refuse, made under `tmp`, with the words the refusal must hold. An AnyOf
+    refuses what all its types refuse; a root user reads anything, so "cannot be read" is tried only for
+    others (test_an_unreadable_input_is_refused holds the rule for root)."""
+    if isinstance(kind, Domain):
+        return {text: f"must be {kind.describe}" for text in kind.refused}
+    if isinstance(kind, AnyOf):
+        tried = {text for t in kind.types for text in _bad_inputs(t, tmp)}
+        return {text: f"must be {kind.describe}" for text in sorted(tried) if _refuses(kind, text)}
+    a_file, a_folder = tmp / "a_file", tmp / "a_folder"
+    a_file.write_text("x")
+    a_folder.mkdir(exist_ok=True)
+    bad = {"": "empty", str(tmp / "missing"): "does not exist", str(a_file / "child"): "does not exist"}
+    if kind.kind == "file":
+        bad[str(a_folder)] = "is a folder; give a file"
+    if kind.kind == "folder":
+        bad[str(a_file)] = "is a file, not a folder"
+    if kind.names:
+        bad["not_a_published_name"] = f"is not one of the names {', '.join(kind.names)}"
+    if os.geteuid() != 0:
+        locked = tmp / f"locked_{kind.kind}"
+        locked.mkdir() if kind.kind == "folder" else locked.write_text("x")
+        locked.chmod(0)
+        bad[str(locked)] = "cannot be read"
+    return bad
+
+
+def test_every_input_argument_refuses_what_it_cannot_read(every_path_argument, tmp_path, capsys):
+    """"", a missing path, a path under a file, a folder for a file and a file for a folder, a word that names
+    no published weight set, an unreadable path: exit 2 and one line naming the argument, at parse time."""
+    cases = [(script, words, action, parser, text, needed) for script, words, action, parser in every_path_argument
+             if isinstance(action.type, (InputPath, AnyOf))
+             for text, needed in _bad_inputs(action.type, tmp_path).items()]
+    wrong = refused_wrongly(cases, capsys)
+    assert not wrong, "\n".join(wrong)
+    assert len(cases) >= 100 and len({c[:3] for c in cases if isinstance(c[2].type, InputPath)}) >= 26
+
+
+def test_an_input_takes_what_exists_and_the_names_it_knows(tmp_path, monkeypatch):
+    (tmp_path / "f.npy").write_text("x")
+    for kind in ("file", "either"):
+        assert InputPath(kind)(str(tmp_path / "f.npy")) == str(tmp_path / "f.npy")
+    for kind in ("folder", "either"):
+        assert InputPath(kind)(str(tmp_path)) == str(tmp_path)
+    monkeypatch.setenv("HOME", str(tmp_path))
+    assert InputPath("file")("~/f.npy") == "~/f.npy"  # the text, as the tool expands it
+    assert InputPath("either", names=("torchvision",))("torchvision") == "torchvision"
+    from data.domains import COUNT_TEXT
+    classes = AnyOf("a count or a file", COUNT_TEXT, InputPath("file"))
+    assert classes("3") == "3" and classes(str(tmp_path / "f.npy")) == str(tmp_path / "f.npy")
+    with pytest.raises(argparse.ArgumentTypeError, match=r"^must be a count or a file, got '0'$"):
+        classes("0")
+    with pytest.raises(ValueError, match="kind must be"):
+        InputPath("dir")
+
+
+def test_an_unreadable_input_is_refused(tmp_path, monkeypatch):
+    """The permission rule where the suite runs as root (who reads anything): os.access says no."""
+    import data.domains
+    (tmp_path / "f").write_text("x")
+    asked = []
+    monkeypatch.setattr(data.domains.os, "access", lambda path, mode: asked.append((Path(path), mode)) or False)
+    for text, mode in ((str(tmp_path / "f"), os.R_OK), (str(tmp_path), os.R_OK | os.X_OK)):
+        with pytest.raises(argparse.ArgumentTypeError, match=r"cannot be read \(permissions\)$"):
+            InputPath("either")(text)
+        assert asked[-1] == (Path(text), mode)
 
 
 def test_an_output_takes_a_new_path_and_its_own_earlier_output(tmp_path):
@@ -152,9 +239,14 @@ def test_an_output_takes_a_new_path_and_its_own_earlier_output(tmp_path):
         OutputPath("dir")
 
 
-def refusals(every_option):
+def refusals(every_option, inputs: Path | None = None):
+    """(script, words, action, parser, text) for each value an option must refuse; with `inputs` (a folder to
+    make bad paths in), the paths its input options must refuse too."""
     for script, words, action, parser in every_option:
-        if isinstance(action.type, Domain):
+        if inputs is not None and isinstance(action.type, (InputPath, AnyOf)):
+            for text in _bad_inputs(action.type, inputs):
+                yield script, words, action, parser, text
+        elif isinstance(action.type, Domain):
             for text in action.type.refused:
                 yield script, words, action, parser, text
         elif action.choices is not None:
@@ -194,10 +286,11 @@ def test_a_sampled_refusal_as_a_real_process_writes_nothing(every_option, tmp_pa
     ALEXNET_DOMAIN_SEED): exit 2, one line, no traceback, nothing written in its working directory."""
     seed = int(os.environ.get("ALEXNET_DOMAIN_SEED", time.time_ns() % 2**32))
     print(f"ALEXNET_DOMAIN_SEED={seed}")
-    script, words, action, _, text = random.Random(seed).choice(list(refusals(every_option)))
-    flag = action.option_strings[-1]
-    work = tmp_path / "cwd"
+    inputs, work = tmp_path / "inputs", tmp_path / "cwd"
+    inputs.mkdir()
     work.mkdir()
+    script, words, action, _, text = random.Random(seed).choice(list(refusals(every_option, inputs)))
+    flag = action.option_strings[-1]
     r = children.run([sys.executable, str(REPO / script), *words, f"{flag}={text}"], cpu_s=60, cwd=work)
     lines = r.stderr.strip().splitlines()
     assert r.returncode == 2 and len(lines) == 1 and flag in lines[0], (seed, script, flag, text, r.stderr)

@@ -171,6 +171,7 @@ def test_a_size_that_is_no_size_is_refused_in_one_line(tmp_path, capsys, size):
     from tests.conftest import load_script
     image = tmp_path / "x.png"
     image.write_bytes(b"")
+    (tmp_path / "w.pt").write_bytes(b"")  # inputs that exist: the refusal is --size's
     with pytest.raises(SystemExit) as e:
         load_script("predict").main([str(tmp_path / "w.pt"), str(image), "--size", size])
     err = capsys.readouterr().err.strip()

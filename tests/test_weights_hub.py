@@ -206,7 +206,8 @@ def test_offline_is_one_line_exit_1_from_the_script(tmp_path, published, capsys)
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]  # closed again: connections are refused
     published("torchvision", b"x", f"http://127.0.0.1:{port}")
-    data = tmp_path / "no_data"
+    data = tmp_path / "data"
+    data.mkdir()  # the fetch comes first: an empty folder is never read
     code = load_script("evaluate").main(["--data", str(data), "--weights", "torchvision"])
     err = capsys.readouterr().err.strip()
     assert code == 1 and "\n" not in err and err.startswith("evaluate.py: error: http://127.0.0.1:")

@@ -8,7 +8,7 @@ import statistics
 import tempfile
 import time
 
-from data.domains import COUNT
+from data.domains import COUNT, DEVICE, InputPath
 
 from .common import add_model_args, default_crop, device_name, subcommand
 
@@ -16,8 +16,9 @@ from .common import add_model_args, default_crop, device_name, subcommand
 def add_parser(sub):
     p = subcommand(sub, "checkpoint", "what a checkpoint costs the step loop: synchronous vs background", run)
     add_model_args(p)
-    p.add_argument("--device", default="auto")
-    p.add_argument("--dir", help="where to write (default: the temp folder); e.g. the run's file system")
+    p.add_argument("--device", type=DEVICE, default="auto")
+    p.add_argument("--dir", type=InputPath("folder"),
+                   help="where to write (default: the temp folder); e.g. the run's file system")
     p.add_argument("--repeat", type=COUNT, default=3)
     return p
 

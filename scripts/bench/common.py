@@ -10,7 +10,7 @@ import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from data.domains import COUNT, NON_NEGATIVE, POSITIVE
+from data.domains import COUNT, DEVICE, NON_NEGATIVE, POSITIVE
 
 REPO = Path(__file__).resolve().parents[2]
 ARCHS = ("alexnet", "caffenet", "owt")
@@ -37,7 +37,7 @@ def add_model_args(p: argparse.ArgumentParser, crop: bool = False) -> None:
 
 def add_timing_args(p: argparse.ArgumentParser, steps: int = 20, warmup: int = 5, repeat: int = 3) -> None:
     """--device, and --steps timed --repeat times after --warmup steps."""
-    p.add_argument("--device", default="auto")
+    p.add_argument("--device", type=DEVICE, default="auto")
     p.add_argument("--steps", type=COUNT, default=steps, help="timed steps per repeat")
     p.add_argument("--warmup", type=NON_NEGATIVE, default=warmup)
     p.add_argument("--repeat", type=COUNT, default=repeat)

@@ -12,7 +12,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from data.domains import COUNT, NON_NEGATIVE
+from data.domains import COUNT, NON_NEGATIVE, device
 
 from .common import REPO, add_model_args, default_crop, device_name, join_as, run_workers, subcommand, timed_steps
 from .workload import constant_batch_step, make_random_dataset
@@ -22,7 +22,8 @@ def add_parser(sub):
     p = subcommand(sub, "exchange", "weights exchange and gradient all-reduce time vs step time", run,
                    tables=(("table1", "Table 1 layout (time per 20 iterations)"),))
     p.add_argument("--replicas", type=COUNT, default=2)
-    p.add_argument("--devices", nargs="*", default=None, help="e.g. cuda:0 cuda:1 (default: cuda, else cpu)")
+    p.add_argument("--devices", nargs="*", type=device(auto=False), default=None,
+                   help="e.g. cuda:0 cuda:1 (default: cuda, else cpu)")
     add_model_args(p)
     p.add_argument("--batch-size", type=COUNT, default=128, help="per replica (the paper: 128 on each of 2)")
     p.add_argument("--warmup", type=NON_NEGATIVE, default=2)

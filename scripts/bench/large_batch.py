@@ -35,7 +35,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from data.domains import COUNT, NON_NEGATIVE, NON_NEGATIVE_FLOAT, POSITIVE, OutputPath
+from data.domains import COUNT, NON_NEGATIVE, NON_NEGATIVE_FLOAT, POSITIVE, InputPath, OutputPath, text
 
 from .common import REPO, cpu_name, subcommand
 
@@ -72,6 +72,7 @@ def add_parser(sub):
     p.add_argument("--sgd-factors", type=POSITIVE, nargs="+", default=[1.0, 0.5],
                    help="SGD at scale x B: these fractions of the linearly scaled lr")
     p.add_argument("--lr", nargs=3, action="append", metavar=("ARCH", "OPTIMIZER", "LR"), default=[],
+                   type=text("ARCH OPTIMIZER LR"),
                    help="replace a MAIN_LRS entry (sgd: its lr at B)")
     p.add_argument("--seeds", type=NON_NEGATIVE, nargs="+", default=[0, 1, 2])
     p.add_argument("--sweep", action=argparse.BooleanOptionalAction, default=True,
@@ -83,7 +84,8 @@ def add_parser(sub):
     p.add_argument("--sweep-lars-warmup", type=POSITIVE, nargs="*", default=SWEEP["lars_warmup"],
                    help="LARS warmup epochs")
     p.add_argument("--jobs", type=COUNT, default=len(os.sched_getaffinity(0)), help="train.py runs at a time")
-    p.add_argument("--data", help="a preprocessed folder to use (default: generated in a temporary folder)")
+    p.add_argument("--data", type=InputPath("folder"),
+                   help="a preprocessed folder to use (default: generated in a temporary folder)")
     p.add_argument("--keep", type=OutputPath("folder", own=("data", "runs")),
                    help="keep the data and the run directories here (default: a temporary folder)")
     p.add_argument("--quick", action="store_true", help="seconds-long smoke settings: 3 classes, width 0.125, "

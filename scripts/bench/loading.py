@@ -12,7 +12,7 @@ import json
 import tempfile
 from pathlib import Path
 
-from data.domains import COUNT
+from data.domains import COUNT, InputPath
 
 from .common import add_model_args, add_timing_args, default_crop, device_name, subcommand, timed_steps
 from .workload import constant_batch_step, make_random_dataset, trainer_step
@@ -27,7 +27,8 @@ def add_parser(sub):
     p.add_argument("--precision", default="fp32", choices=("fp32", "tf32", "bf16"))
     p.add_argument("--channels-last", action="store_true")
     p.add_argument("--slots", type=COUNT, default=3)
-    p.add_argument("--data", help="a preprocessed folder (default: random batch files in a temp folder)")
+    p.add_argument("--data", type=InputPath("folder"),
+                   help="a preprocessed folder (default: random batch files in a temp folder)")
     p.add_argument("--files-per-epoch", type=COUNT, default=8, help="random dataset size, in batches")
     p.add_argument("--cpu-full-size", action=argparse.BooleanOptionalAction, default=True,
                    help="add the row: loader process alone on the CPU, 227 crops of 256px, batch 256")

@@ -205,7 +205,8 @@ def add_parser(sub):
     p.add_argument("--batch-size", type=COUNT, default=256, help="global batch (default 256)")
     p.add_argument("--width", type=POSITIVE, default=1.0)
     p.add_argument("--precision", default="fp32", choices=("fp32", "tf32", "bf16"))
-    p.add_argument("--device", default="auto", help="auto (every GPU present, else the CPU) | cpu")
+    p.add_argument("--device", choices=("auto", "cpu"), default="auto",
+                   help="auto (every GPU present, else the CPU) | cpu")
     p.add_argument("--steps", type=COUNT, default=3)
     p.add_argument("--warmup", type=NON_NEGATIVE, default=1)
     p.add_argument("--repeat", type=COUNT, default=1)

@@ -13,7 +13,7 @@ import time
 from pathlib import Path
 
 from data.decode import load_image
-from data.domains import COUNT
+from data.domains import COUNT, InputPath
 from data.layouts import is_image_name
 from data.preprocess import Options, preprocess
 from data.synthetic import generate
@@ -28,7 +28,7 @@ def add_parser(sub):
     p.add_argument("--images", type=COUNT, default=600, help="training images to generate (default 600)")
     p.add_argument("--routes", action="store_true", help="also the routes table: the same images through the "
                    "folder, train-tar and gzip-shard routes (generated, and the real sample where present)")
-    p.add_argument("--sample", default=str(REAL_SAMPLE), help="real ILSVRC2012 JPEGs (<wnid>_<words>.JPEG) for "
+    p.add_argument("--sample", type=InputPath("folder"), help="real ILSVRC2012 JPEGs (<wnid>_<words>.JPEG) for "
                    "the routes table; left out where absent")
     p.add_argument("--workers", type=COUNT, default=None, help="pool size of the 'all workers' row")
     return p
@@ -50,7 +50,7 @@ def run(args) -> dict:
             rows.append({"what": "preprocess pipeline", "workers": w,
                          "img_per_s": info["counts"]["train"]["written"] / _last_seconds(out)})
         rows += _format_rows(src / "train", files[:300], Path(tmp))
-        routes = routes_table(src / "train", Path(args.sample), Path(tmp)) if args.routes else []
+        routes = routes_table(src / "train", Path(args.sample or REAL_SAMPLE), Path(tmp)) if args.routes else []
     for r in rows + routes:
         r["img_per_s_per_worker"] = round(r["img_per_s"] / r["workers"], 1)
         r["img_per_s"] = round(r["img_per_s"], 1)

@@ -13,7 +13,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from data.domains import COUNT, NON_NEGATIVE
+from data.domains import COUNT, NON_NEGATIVE, InputPath
 
 from .common import cpu_name, subcommand
 from .workload import make_random_dataset
@@ -21,7 +21,8 @@ from .workload import make_random_dataset
 
 def add_parser(sub):
     p = subcommand(sub, "read", "batch-file read paths (old, new, raw) against the memory bound", run)
-    p.add_argument("--data", help="a preprocessed folder, its first --files files read (default: random files "
+    p.add_argument("--data", type=InputPath("folder"),
+                   help="a preprocessed folder, its first --files files read (default: random files "
                    "of both formats in a temp folder)")
     p.add_argument("--files", type=COUNT, default=40, help="random dataset: batch files (default 40)")
     p.add_argument("--per-file", type=COUNT, default=256, help="random dataset: images per file (default 256)")

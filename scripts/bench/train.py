@@ -14,7 +14,7 @@ def add_parser(sub):
     p = subcommand(sub, "train", "training img/s on a constant on-device batch, precision x channels_last", run)
     add_model_args(p, crop=True)
     p.add_argument("--batch-size", type=COUNT, default=256)
-    p.add_argument("--precisions", nargs="+", default=["fp32", "tf32", "bf16"])
+    p.add_argument("--precisions", nargs="+", choices=("fp32", "tf32", "bf16"), default=["fp32", "tf32", "bf16"])
     p.add_argument("--compile", action="store_true", help="torch.compile the model")
     add_timing_args(p)
     return p

@@ -7,7 +7,7 @@ import sys
 import time
 from pathlib import Path
 
-from data.domains import POSITIVE, OneLineParser, OutputPath
+from data.domains import POSITIVE, OneLineParser, OutputPath, text
 
 from .budget import Budget
 from .report import environment
@@ -43,7 +43,8 @@ def parser(doc: str) -> argparse.ArgumentParser:
                        help=f"the full-size benchmarks: {', '.join(SEQUENCES['bench'])}")
     p.add_argument("--budget", type=POSITIVE, help="seconds for the whole run, counted from the process's start, "
                    f"clean-up included (default {BUDGETS['check']:.0f}; --quick {BUDGETS['quick']:.0f})")
-    p.add_argument("--steps", help="comma-separated steps of the sequence to run (data is added): "
+    p.add_argument("--steps", type=text("comma-separated step names"),
+                   help="comma-separated steps of the sequence to run (data is added): "
                    + "; ".join(f"{k}: {', '.join(v)}" for k, v in SEQUENCES.items() if k != "quick"))
     p.add_argument("--keep-work", action="store_true", help="keep OUT/work (data, run folders, checkpoints)")
     # For tests of this script: a step's first command fails (STEP), never ends (STEP:slow: a budget

@@ -98,9 +98,10 @@ def _size(n: int) -> str:
     return f"{n / 1024**k:.1f} {units[k]}"
 
 
-def check_resume(cfg: Config, meta: dict, state: dict, path: Path) -> list[str]:
+def check_resume(cfg: Config, meta: dict, state: dict, path: Path, global_batch: int | None = None) -> list[str]:
     """Refuse a checkpoint trained on other data (classes, image size) or another model shape; return
-    the other changed keys as "key old -> new" (the config the checkpoint was written with vs now)."""
+    the other changed keys as "key old -> new" (the config the checkpoint was written with vs now), and
+    the global batch where this run's (`global_batch`) is not the checkpoint's."""
     classes = state.get("classes")
     if classes is not None and list(classes) != list(meta["classes"]):
         raise DataError(f"{path} was trained on other classes than those of {cfg.data.root} "
@@ -121,7 +122,21 @@ def check_resume(cfg: Config, meta: dict, state: dict, path: Path) -> list[str]:
         if key in changed and not (key == "model.num_classes" and now[key] is None):
             raise ConfigError(f"{path} was trained with {key}={was[key]!r}, this config has {now[key]!r}; use "
                               "another run.dir or the same setting")
-    return [f"{key} {was[key]!r} -> {now[key]!r}" for key in changed if key not in RESUME_KEYS]
+    changes = [f"{key} {was[key]!r} -> {now[key]!r}" for key in changed if key not in RESUME_KEYS]
+    old = state.get("global_batch")
+    if global_batch is not None and old is not None and old != global_batch:
+        changes.append(f"global batch {old} -> {global_batch}{_fc_batch_hint(cfg, changed, old, global_batch)}")
+    return changes
+
+
+def _fc_batch_hint(cfg: Config, changed: list[str], old: int, new: int) -> str:
+    """Why an fc checkpoint made before 2026-11-28 resumes with 1/M of its batch under the same config:
+    train.batch_size was then per process in fc, and is now a replica's batch in every layout."""
+    p = cfg.parallel
+    if p.model != "fc" or "train.batch_size" in changed or old != new * p.model_size:
+        return ""
+    return (f" (train.batch_size is a replica's batch in every layout; fc read it per process before 2026-11-28: "
+            f"train.batch_size={cfg.train.batch_size * p.model_size} keeps this checkpoint's global batch)")
 
 
 def _flat(sections: dict) -> dict:

@@ -393,7 +393,7 @@ class Trainer:
         if self.dist.is_main and path.parent == self.ckpt.root:
             for done in self.ckpt.complete(state, path):
                 print(done, flush=True)
-        for change in check_resume(self.cfg, self.meta, state, path):
+        for change in check_resume(self.cfg, self.meta, state, path, self.global_batch):
             print0(self.dist, f"changed on resume: {change}")
         self.replica.load_full_state(state["model"], state["optimizer"])
         self.schedule.load_state_dict(state["schedule"])

@@ -46,6 +46,28 @@ def test_a_resume_reports_the_other_changes(train_data, tmp_path):
                                       "run.keep_last 3 -> 1"])
 
 
+def test_a_resume_reports_another_global_batch_and_why_for_an_old_fc_checkpoint(train_data, tmp_path):
+    """An fc checkpoint written when train.batch_size was per process (global 2 x 8 = 16 with 1 replica of 2
+    processes) resumed under the same config now trains a global batch of 8: said, with the batch that keeps
+    16. Columns, or an fc config whose batch changed too, get the change without the hint."""
+    meta = json.loads((train_data / "meta.json").read_text())
+    fc = {"parallel.model": "fc", "parallel.model_size": 2}
+    state = {"config": to_dict(_cfg(train_data, tmp_path, **fc)), "classes": meta["classes"],
+             "image_size": meta["image_size"], "global_batch": 16}
+    assert check_resume(_cfg(train_data, tmp_path, **fc), meta, state, tmp_path / "last.pt", 16) == []
+    assert check_resume(_cfg(train_data, tmp_path, **fc), meta, state, tmp_path / "last.pt") == []
+    assert check_resume(_cfg(train_data, tmp_path, **fc), meta, state, tmp_path / "last.pt", 8) == [
+        "global batch 16 -> 8 (train.batch_size is a replica's batch in every layout; fc read it per process "
+        "before 2026-11-28: train.batch_size=16 keeps this checkpoint's global batch)"]
+    columns = {"parallel.model": "columns", "parallel.model_size": 2}
+    state["config"] = to_dict(_cfg(train_data, tmp_path, **columns))
+    assert check_resume(_cfg(train_data, tmp_path, **columns), meta, state, tmp_path / "last.pt", 8) == [
+        "global batch 16 -> 8"]
+    state["config"] = to_dict(_cfg(train_data, tmp_path, **fc))
+    assert check_resume(_cfg(train_data, tmp_path, **fc, **{"train.batch_size": 4}), meta, state,
+                        tmp_path / "last.pt", 8) == ["train.batch_size 8 -> 4", "global batch 16 -> 8"]  # 2 replicas
+
+
 def test_exactly_one_global_batch_of_training_images_is_enough(train_data, tmp_path):
     """`train_data` holds 48 training images: 6 replicas x 8 is one global batch, 1 x 48 too; 7 x 7 is not."""
     for replicas, batch in ((6, 8), (1, 48)):

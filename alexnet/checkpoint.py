@@ -20,7 +20,7 @@ from typing import Any
 
 import torch
 
-from data.fsutil import commit, os_error_in, os_error_message
+from data.fsutil import commit, os_error_in, os_error_message, temp_path
 
 CHECKPOINT_KIND = "alexnet-checkpoint"  # the "kind" key of a training checkpoint
 EPOCH_FILE = re.compile(r"^epoch_(\d+)\.pt$")
@@ -54,7 +54,7 @@ def save_atomic(obj: dict, path: str | os.PathLike) -> None:
     """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp = temp_path(path)
     try:
         with open(tmp, "wb") as f:
             torch.save(obj, f)
@@ -117,7 +117,7 @@ def _same_file(a: Path, b: Path) -> bool:
 
 def _link_atomic(src: Path, dst: Path) -> None:
     """Make `dst` name the same data as `src` (hard link, else copy), atomically."""
-    tmp = dst.with_name(f".{dst.name}.{os.getpid()}.tmp")
+    tmp = temp_path(dst)
     tmp.unlink(missing_ok=True)
     try:
         os.link(src, tmp)

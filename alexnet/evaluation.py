@@ -32,7 +32,7 @@ from tqdm import tqdm
 
 from data.augment import Normalizer, center_crops, ten_crops
 from data.batchfile import open_batch_file
-from data.fsutil import commit
+from data.fsutil import commit, temp_path
 from data.meta import check_files, class_difference
 from data.reader import BatchReader, SplitData
 
@@ -288,7 +288,7 @@ def _csv_rows(path: str | os.PathLike | None) -> Iterator[csv.writer | None]:
         yield None
         return
     path = Path(path)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp = temp_path(path)
     try:
         with open(tmp, "w", newline="") as f:
             writer = csv.writer(f)

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import argparse
 import math
-import os
 import sys
 from pathlib import Path
 
@@ -24,7 +23,7 @@ quiet_start(__name__, "plot.py")  # a Ctrl-C while torch imports: one line, not 
 from alexnet.cli import interrupt_code, protect_streams, stopping_on_signals  # noqa: E402
 from alexnet.metrics import read_metrics  # noqa: E402
 from data.domains import OUTPUT_FILE, InputPath, OneLineParser  # noqa: E402
-from data.fsutil import commit  # noqa: E402
+from data.fsutil import commit, temp_path  # noqa: E402
 
 # (seconds per unit, axis label): the largest unit in which the longest run spans at least 2 units.
 _TIME_UNITS = ((3600.0, "hours"), (60.0, "minutes"), (1.0, "seconds"))
@@ -93,7 +92,7 @@ def draw(curves: list[tuple[str, list[dict]]], out: Path) -> None:
         ax.grid(True, alpha=0.3)
     by_epoch.legend()
     fig.tight_layout()
-    tmp = out.with_name(f".{out.stem}.{os.getpid()}.tmp{out.suffix}")  # suffix kept: it picks the format
+    tmp = temp_path(out, keep_suffix=True)  # suffix kept: it picks the format
     try:
         fig.savefig(tmp, dpi=120)
         commit(tmp, out)

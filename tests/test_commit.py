@@ -72,3 +72,16 @@ def test_the_hook_holds_the_thread_at_the_chosen_moment_until_let_go(tmp_path, m
     (tmp_path / "trace.txt.go").touch()
     t.join(10)
     assert not t.is_alive() and (tmp_path / "b").read_text() == "b" and len(trace.read_text().splitlines()) == 4
+
+
+def test_written_in_place_names_what_skipped_commit(tmp_path):
+    """The walk's audit, by hand: under `out`, a temporary and a declared name pass, the folder itself
+    (tempfile's nameless probe) passes, a file outside `out` is not the tool's output; a final name is found."""
+    from tests.write_points import written_in_place
+    out = tmp_path / "out"
+    (out / "sub").mkdir(parents=True)
+    opened = [str(out / ".eval.json.123.tmp"), str(out / ".curve.123.tmp.png"), str(out / "metrics.jsonl"),
+              str(out), str(tmp_path / "elsewhere.json"), str(out / "sub" / "eval.json"), str(out / "a.png"),
+              str(out / "a.png")]
+    assert written_in_place(opened, out, {"metrics.jsonl": "why"}) == ["sub/eval.json", "a.png"]
+    assert written_in_place(opened, out, {"*.json*": "why", "*.png": "why"}) == []

@@ -20,7 +20,7 @@ import pytest
 
 from tests import figure_runs
 from tests.conftest import REPO, tiny_overrides
-from tests.write_points import differences, run_tool, snapshot, temporaries
+from tests.write_points import differences, run_tool, snapshot, temporaries, written_in_place
 
 # Its tests start processes (the tools): not in make test-fast (pytest.ini).
 pytestmark = pytest.mark.processes
@@ -84,6 +84,14 @@ def _cases(factory) -> dict[str, Case]:
 
 TOOLS = ["train", "train:replicas", "preprocess", "evaluate", "report", "figures", "plot", "convert_weights",
          "convert_weights:to-theano", "upgrade_data"]  # script[:what], a script may write in several ways
+# Files a tool writes under their own names by design (not renamed into place by commit), with the reason.
+# Any other file opened for writing under its final name fails the walk (tests/write_audit records them).
+IN_PLACE = {
+    ".lock": "a folder's lock (data.fsutil.exclusive_dir): an empty file held with flock, never read as output",
+    "metrics.jsonl": "the run's append-only log (alexnet.metrics.MetricsLog): whole lines appended and flushed; "
+                     "a line cut short is dropped when the file is opened, and truncate_after rewrites it "
+                     "through commit",
+}
 # Scripts that write nothing a later run resumes from or reads (what they print, or a generated test
 # input that is written again whole), with the reason.
 NOT_WALKED = {
@@ -181,6 +189,9 @@ def test_killed_at_a_write_point_the_tool_reruns_to_the_same_output(tool, cases,
     assert done.rc == 0, done.output[-3000:]
     moments = len(done.trace)
     assert moments >= 2 and moments % 2 == 0, done.trace  # a rename is two moments: before and after
+    assert done.opened, "the write audit recorded nothing: tests/write_audit/sitecustomize.py did not load"
+    in_place = written_in_place(done.opened, out, IN_PLACE)
+    assert not in_place, f"{tool} wrote these under their final names, not through commit: {in_place}"
     want = snapshot(out, case.ignore)
     print(f"{tool}: {moments} moments ({moments // 2} renames)")
     rng = random.Random(f"{SEED}-{tool}")

@@ -24,7 +24,7 @@ import subprocess
 import sys
 import time
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -42,11 +42,37 @@ VOLATILE = re.compile(r"(^|_)(time|times|seconds|s|wall|date|started|finished|el
 # (cached: whether a cache served this run; last_run: what this run itself did, e.g. a resumed preprocess)
 
 
+AUDIT = "ALEXNET_WRITE_AUDIT"  # tests/write_audit/sitecustomize.py records each file opened for writing
+AUDIT_DIR = REPO / "tests" / "write_audit"
+
+
 @dataclass
 class Run:
     rc: int | None
     output: str
     trace: list[tuple[int, int, str, str]]   # (number, pid, moment, path)
+    opened: list[str] = field(default_factory=list)  # every file the tree opened for writing, absolute
+
+
+def read_opened(path: Path) -> list[str]:
+    return [line.split(" ", 1)[1] for line in path.read_text().splitlines()] if path.exists() else []
+
+
+def written_in_place(opened: list[str], out: Path, allowed: dict[str, str]) -> list[str]:
+    """The files under `out` that were opened for writing under a name of their own: neither a temporary
+    (data.fsutil.temp_path's names, renamed into place by commit) nor matched by a glob of `allowed`."""
+    import fnmatch
+    root = os.path.realpath(out)
+    found = []
+    for path in dict.fromkeys(opened):
+        rel = os.path.relpath(os.path.realpath(path), root)
+        name = os.path.basename(path)
+        # a folder: tempfile.TemporaryFile's nameless O_TMPFILE file in it (the writable-folder probes)
+        if (rel.startswith("..") or TEMP_FILE.match(name) or any(fnmatch.fnmatch(name, g) for g in allowed)
+                or os.path.isdir(path)):
+            continue
+        found.append(rel)
+    return found
 
 
 def read_trace(path: Path) -> list[tuple[int, int, str, str]]:
@@ -92,7 +118,10 @@ def run_tool(argv: list[str], work: Path, pause_at: int | None = None, timeout: 
     outlives it."""
     trace = work / f"trace-{uuid.uuid4().hex[:8]}.txt"
     token = uuid.uuid4().hex
-    env = {**os.environ, "PYTHONUNBUFFERED": "1", WRITE_TRACE: str(trace), TOKEN: token}
+    audit = trace.with_name(trace.stem + "-opened.txt")
+    path = os.pathsep.join(p for p in (str(AUDIT_DIR), os.environ.get("PYTHONPATH", "")) if p)
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", WRITE_TRACE: str(trace), TOKEN: token, AUDIT: str(audit),
+           "PYTHONPATH": path}
     if pause_at is not None:
         env[PAUSE_AT] = str(pause_at)
     log = work / f"log-{uuid.uuid4().hex[:8]}.txt"
@@ -103,7 +132,7 @@ def run_tool(argv: list[str], work: Path, pause_at: int | None = None, timeout: 
     try:
         if pause_at is None:
             proc.wait(timeout=timeout)
-            return Run(proc.returncode, log.read_text(errors="replace"), read_trace(trace))
+            return Run(proc.returncode, log.read_text(errors="replace"), read_trace(trace), read_opened(audit))
         paused = None
         while paused is None and proc.poll() is None and time.monotonic() < deadline:
             rows = [r for r in read_trace(trace) if r[0] == pause_at]
@@ -127,7 +156,7 @@ def run_tool(argv: list[str], work: Path, pause_at: int | None = None, timeout: 
                     os.kill(p, signal.SIGKILL)
             raise AssertionError(f"{len(left)} process(es) outlived the tool's top process by {GONE_S:.0f} s: "
                                  f"{listing}")
-        return Run(proc.returncode, log.read_text(errors="replace"), read_trace(trace))
+        return Run(proc.returncode, log.read_text(errors="replace"), read_trace(trace), read_opened(audit))
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)

@@ -11,7 +11,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 from matplotlib.figure import Figure  # noqa: E402
 
-from data.fsutil import commit, remove_stale_temps  # noqa: E402
+from data.fsutil import commit, remove_stale_temps, temp_path  # noqa: E402
 
 from ..checkpoint import load  # noqa: E402
 from ..evaluation import class_words  # noqa: E402
@@ -25,7 +25,7 @@ def save_png(fig: Figure, out: str | os.PathLike, dpi: int = DPI) -> Path:
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
     remove_stale_temps(out.parent)
-    tmp = out.with_name(f".{out.stem}.{os.getpid()}.tmp.png")
+    tmp = temp_path(out, keep_suffix=True)
     try:
         fig.savefig(tmp, dpi=dpi, format="png")
         commit(tmp, out)

@@ -22,7 +22,7 @@ from torch import nn
 from tqdm import tqdm
 
 from data.augment import center_crops
-from data.fsutil import commit, remove_stale_temps
+from data.fsutil import commit, remove_stale_temps, temp_path
 from data.reader import SplitData
 
 from ..evaluation import Prepared, read_names
@@ -96,7 +96,7 @@ def train_features(prep: Prepared, train: SplitData, indices: np.ndarray, weight
     if path is not None:
         path.parent.mkdir(parents=True, exist_ok=True)
         remove_stale_temps(path.parent)  # what a killed writer left
-        tmp = path.with_name(f".{path.stem}.{os.getpid()}.tmp.npz")
+        tmp = temp_path(path, keep_suffix=True)
         try:
             np.savez(tmp, features=feats, indices=indices)
             commit(tmp, path)

@@ -13,7 +13,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from data.fsutil import commit
+from data.fsutil import commit, temp_path
 
 from ..checkpoint import _fsync_dir
 from .common import FormatError, check_style, load_npy, load_strict, new_model, weights_info
@@ -147,7 +147,7 @@ def _read_momentum(folder: Path, te: TheanoEpoch) -> None:
 
 def save_npy_atomic(path: Path, array: np.ndarray) -> None:
     """np.save to a temporary file, fsync, then rename over `path`."""
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp = temp_path(path)
     try:
         with open(tmp, "wb") as f:
             np.save(f, array, allow_pickle=False)

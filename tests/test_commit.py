@@ -85,3 +85,13 @@ def test_written_in_place_names_what_skipped_commit(tmp_path):
               str(out / "a.png")]
     assert written_in_place(opened, out, {"metrics.jsonl": "why"}) == ["sub/eval.json", "a.png"]
     assert written_in_place(opened, out, {"*.json*": "why", "*.png": "why"}) == []
+
+
+def test_written_outside_names_what_a_tool_wrote_beside_its_output(tmp_path):
+    from tests.write_points import written_outside
+    out = tmp_path / "out"
+    out.mkdir()
+    opened = [str(out / "a.json"), "/dev/null", "/dev/shm/alexnet-1-0", str(tmp_path / "trace-1.txt"), str(tmp_path),
+              str(tmp_path / "out.json"), str(tmp_path / "outside.png")]
+    assert written_outside(opened, out, (str(tmp_path / "trace-"),)) == [str(tmp_path / "out.json"),
+                                                                         str(tmp_path / "outside.png")]

@@ -20,7 +20,7 @@ import pytest
 
 from tests import figure_runs
 from tests.conftest import REPO, tiny_overrides
-from tests.write_points import differences, run_tool, snapshot, temporaries, written_in_place
+from tests.write_points import differences, run_tool, snapshot, temporaries, written_in_place, written_outside
 
 # Its tests start processes (the tools): not in make test-fast (pytest.ini).
 pytestmark = pytest.mark.processes
@@ -192,6 +192,8 @@ def test_killed_at_a_write_point_the_tool_reruns_to_the_same_output(tool, cases,
     assert done.opened, "the write audit recorded nothing: tests/write_audit/sitecustomize.py did not load"
     in_place = written_in_place(done.opened, out, IN_PLACE)
     assert not in_place, f"{tool} wrote these under their final names, not through commit: {in_place}"
+    outside = written_outside(done.opened, out, (str(tmp_path / "trace-"),))
+    assert not outside, f"{tool} wrote outside its output {out}: {outside}"
     want = snapshot(out, case.ignore)
     print(f"{tool}: {moments} moments ({moments // 2} renames)")
     rng = random.Random(f"{SEED}-{tool}")

@@ -112,6 +112,16 @@ def _cmdline(pid: int) -> str:
         return "?"
 
 
+def written_outside(opened: list[str], out: Path, allowed: tuple[str, ...]) -> list[str]:
+    """The files opened for writing outside `out` (a tool writes its output and nothing else), but for
+    devices and shared memory (/dev), folders (tempfile's nameless probe files) and paths starting with
+    one of `allowed` (the test's own trace)."""
+    root = os.path.realpath(out) + os.sep
+    return [path for path in dict.fromkeys(opened)
+            if not (os.path.realpath(path) + os.sep).startswith(root) and not path.startswith(("/dev/", *allowed))
+            and not os.path.isdir(path)]
+
+
 def run_tool(argv: list[str], work: Path, pause_at: int | None = None, timeout: float = 600) -> Run:
     """Run `argv` (a repository script and its arguments) with the write trace on; with `pause_at`, kill
     its top process with SIGKILL once the tree reaches that moment, and require that no process of it

@@ -6,11 +6,14 @@ kind this file cannot check fails, so a new kind of documented command gets a ch
 
 The commands are found by reading the documents, so a command added or changed later is checked without an
 edit here. What this cannot show (the data and GPUs the commands name) train.py --dry-run shows where they
-exist (test below); the CPU demo itself runs in tests/test_train.py (test_demo_config_learns).
+exist (test below); the CPU demo itself runs in tests/test_train.py (test_demo_config_learns). The CPU
+training commands also run: each `python train.py configs/demo.yaml ...` here, with the suite's data and
+tiny sizes after it; the torchrun ones in tests/test_parallel.py, taken from the page (tests/documented.py).
 """
 from __future__ import annotations
 
 import argparse
+import math
 import re
 import shlex
 from pathlib import Path
@@ -18,6 +21,7 @@ from pathlib import Path
 import pytest
 
 from alexnet.config import load_config
+from alexnet.metrics import read_metrics
 from data.domains import InputPath
 from tests.conftest import REPO
 from tests.parsers import script_parser
@@ -169,3 +173,60 @@ def test_dry_run_checks_config_data_and_run_dir_and_writes_nothing(train_data, t
     assert main([*base[:3], f"run.dir={theirs}", *base[4:], "train.batch_size=8"]) == 2
     assert "run.dir" in capsys.readouterr().err
     assert sorted(p.name for p in theirs.iterdir()) == ["notes.txt"]
+
+
+def _cpu_training_commands() -> list[tuple[str, list[str]]]:
+    """The documented train.py commands on the demo's config (they run on a CPU in seconds), one per run
+    (two pages showing one run in two folders show one command)."""
+    seen, found = set(), []
+    for where, argv in documented_commands():
+        key = tuple(w for w in argv if not w.startswith("run.dir="))
+        if argv[:3] == ["python", "train.py", "configs/demo.yaml"] and key not in seen:
+            seen.add(key)
+            found.append((where, argv))
+    return found
+
+
+@pytest.mark.processes
+@pytest.mark.parametrize("where, argv", _cpu_training_commands(), ids=lambda x: x if isinstance(x, str) else "")
+def test_every_documented_cpu_training_command_runs_as_written(where, argv, train_data, tmp_path):
+    """Each as the page writes it, with the suite's data, a folder and tiny sizes after it (later overrides
+    win): a run of one process in this process (train.py's main), a launched one as a process tree."""
+    import io
+    from contextlib import redirect_stdout
+
+    from tests.conftest import run_script, signal_handlers_kept, tiny_overrides
+    from tests.documented import with_overrides
+    from train import main as train_main
+    run = tmp_path / "run"
+    args = with_overrides(argv, tiny_overrides(train_data, run, **{"train.epochs": 1}))[2:]
+    cfg = load_config(REPO / args[0], [a for a in args[1:] if not a.startswith("--")])
+    if cfg.parallel.replicas * cfg.parallel.model_size > 1 and "--dry-run" not in args:
+        r = run_script("train.py", *args, cpu_s=120)
+        code, out = r.returncode, r.stdout + r.stderr
+    else:
+        buf = io.StringIO()
+        with redirect_stdout(buf), signal_handlers_kept():
+            code = train_main(args)
+        out = buf.getvalue()
+    assert code == 0, f"{where}: {out[-2000:]}"
+    if "--dry-run" in args:
+        assert "would start" in out and not run.exists(), out
+    else:
+        records = [r for r in read_metrics(run / "metrics.jsonl") if r["split"] == "train"]
+        assert records and all(math.isfinite(r["loss"]) for r in records), (where, records)
+
+
+def test_every_documented_torchrun_command_on_the_demo_config_is_run_by_a_test():
+    """The CPU torchrun commands (2 processes, 2 "nodes") run in tests/test_parallel.py, taken from the page by
+    tests/documented.py's documented(...): every one the documents show must be the one a test takes."""
+    import ast
+    taken = []
+    for path in (REPO / "tests").glob("test_*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Call) and getattr(node.func, "id", None) == "documented":
+                taken.append([a.value for a in node.args if isinstance(a, ast.Constant)])
+    shown = [(w, a) for w, a in documented_commands() if a[0] == "torchrun" and "configs/demo.yaml" in a]
+    assert len(shown) >= 2
+    missing = [w for w, a in shown if not any(a[:len(t)] == t for t in taken)]
+    assert not missing, f"documented torchrun commands no test runs: {missing}"

@@ -9,7 +9,6 @@ import io
 import os
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -20,6 +19,7 @@ from alexnet.metrics import read_metrics, without_wall_clock
 from data.procs import child_pids
 from tests import children
 from tests.conftest import REPO, run_script, signal_handlers_kept, tiny_overrides
+from tests.documented import documented, runnable, with_overrides
 from train import main as train_main
 
 # Its tests start processes (train.py, tools, groups): not in make test-fast (pytest.ini).
@@ -74,9 +74,10 @@ def test_mid_epoch_checkpoint_with_another_global_batch_is_refused(train_data, t
 
 
 def _launch(train_data, run, **extra) -> subprocess.Popen:
-    over = tiny_overrides(train_data, run, **{"train.epochs": 100, "parallel.replicas": 2, "data.loading": "process",
-                                               **extra})
-    return subprocess.Popen([sys.executable, "train.py", "configs/demo.yaml", *over], cwd=REPO, text=True,
+    """README's 2-replica command, long (100 epochs) and with a loader process per replica."""
+    command = documented("python", "train.py", "configs/demo.yaml", "parallel.replicas=2")
+    over = tiny_overrides(train_data, run, **{"train.epochs": 100, "data.loading": "process", **extra})
+    return subprocess.Popen(runnable(with_overrides(command, over)), cwd=REPO, text=True,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
 
 
@@ -171,10 +172,9 @@ def test_a_killed_launcher_takes_its_replicas_with_it_after_a_checkpoint(train_d
 def torchrun_single_node(train_data, tmp_path_factory) -> Path:
     """The documented multi-node command, on one machine: torchrun --nnodes=1 --nproc-per-node=2 (gloo)."""
     tr = tmp_path_factory.mktemp("torchrun")
+    command = documented("torchrun", "--nnodes=1", "--nproc-per-node=2")
     over = tiny_overrides(train_data, tr, **DETERMINISTIC, **TORCHRUN)
-    r = children.run([sys.executable, "-m", "torch.distributed.run", "--nnodes=1", "--nproc-per-node=2",
-                        "--master-port", str(_port()), "train.py", "configs/demo.yaml", *over], cwd=REPO,
-                       cpu_s=300)
+    r = children.run(runnable(with_overrides(command, over), _port()), cwd=REPO, cpu_s=300)
     assert r.returncode == 0, r.stderr[-3000:]
     return tr
 
@@ -190,12 +190,10 @@ def test_torchrun_two_nodes_on_one_machine(train_data, tmp_path, launcher_math):
     """Two torchrun agents, each standing for one node (--nnodes=2, --nproc-per-node=1), meet through a
     c10d rendezvous on 127.0.0.1 and train as one job over gloo: the same run as the local launcher's."""
     own, tr = launcher_math, tmp_path / "two_nodes"
-    port, over = _port(), tiny_overrides(train_data, tr, **DETERMINISTIC, **TORCHRUN)
-    agents = [subprocess.Popen([sys.executable, "-m", "torch.distributed.run", "--nnodes=2", f"--node-rank={node}",
-                                "--nproc-per-node=1", "--rdzv-backend=c10d", f"--rdzv-endpoint=127.0.0.1:{port}",
-                                "--rdzv-id=alexnet-test", "train.py", "configs/demo.yaml", *over],
-                               cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-              for node in (0, 1)]
+    command = documented("torchrun", "--nnodes=2", "--nproc-per-node=1")  # README's, "run in two terminals"
+    argv = runnable(with_overrides(command, tiny_overrides(train_data, tr, **DETERMINISTIC, **TORCHRUN)), _port())
+    agents = [subprocess.Popen(argv, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+              for _ in (0, 1)]
     outs = [children.communicate(a, cpu_s=300) for a in agents]
     for agent, (_, err) in zip(agents, outs):
         assert agent.returncode == 0, err[-3000:]

@@ -93,13 +93,14 @@ DEVICE = device()
 
 class InputPath:
     """An argparse type for what a tool reads: an existing, readable `file`, `folder`, or `either`. `names`:
-    words taken as they are (the published weight sets, fetched by name). Refused: an empty path, one that
-    does not exist, a folder given for a file and the reverse, one this user cannot read. Returns the text."""
+    words taken as they are (the published weight sets, fetched by name), described by `names_are`.
+    Refused: an empty path, one that does not exist, a folder given for a file and the reverse, one this
+    user cannot read. Returns the text."""
 
-    def __init__(self, kind: str, names: tuple[str, ...] = ()):
+    def __init__(self, kind: str, names: tuple[str, ...] = (), names_are: str = "one of the names"):
         if kind not in ("file", "folder", "either"):
             raise ValueError(f"InputPath kind must be file, folder or either, got {kind!r}")
-        self.kind, self.names = kind, tuple(names)
+        self.kind, self.names, self.names_are = kind, tuple(names), names_are
         self.__name__ = f"input {kind}"
 
     def __call__(self, text: str) -> str:
@@ -109,7 +110,7 @@ class InputPath:
             return text
         path = Path(text).expanduser()
         if not path.exists():
-            also = f", and is not one of the names {', '.join(self.names)}" if self.names else ""
+            also = f", and is not {self.names_are} ({', '.join(self.names)})" if self.names else ""
             raise argparse.ArgumentTypeError(f"{text} does not exist{also}")
         if self.kind == "file" and path.is_dir():
             raise argparse.ArgumentTypeError(f"{text} is a folder; give a file")

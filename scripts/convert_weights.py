@@ -57,10 +57,10 @@ from alexnet.cli import guarded, protect_streams  # noqa: E402
 from alexnet.models import ARCHS  # noqa: E402
 from alexnet.weights.caffe import is_caffemodel  # noqa: E402
 from alexnet.weights.convert import caffe_checkpoint, theano_checkpoint, to_theano  # noqa: E402
-from alexnet.weights.hub import PUBLISHED, resolve  # noqa: E402
+from alexnet.weights.hub import WEIGHTS, resolve  # noqa: E402
 from alexnet.weights.theano import read_theano, write_theano  # noqa: E402
 from alexnet.weights.theano_layout import THEANO_CONVS  # noqa: E402
-from data.domains import NON_NEGATIVE, POSITIVE, InputPath, OneLineParser, OutputPath  # noqa: E402
+from data.domains import NON_NEGATIVE, POSITIVE, OneLineParser, OutputPath  # noqa: E402
 
 # --help's last line
 EXAMPLE = "python scripts/convert_weights.py bvlc_alexnet.caffemodel bvlc_alexnet.pt"
@@ -70,7 +70,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = OneLineParser(description=__doc__.splitlines()[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter,
                                 epilog="\n".join(__doc__.splitlines()[2:]) + f"\n\nexample: {EXAMPLE}")
-    p.add_argument("src", type=InputPath("either", names=tuple(PUBLISHED)),
+    p.add_argument("src", type=WEIGHTS,
                    help="a Theano weights folder, a BVLC .caffemodel, or our .pt checkpoint / weights / "
                    "caffenet state_dict; or a published set by name, fetched and checked (bvlc_alexnet, "
                    "bvlc_reference_caffenet)")

@@ -44,7 +44,7 @@ from alexnet.cli import guarded, positive, protect_streams  # noqa: E402
 from alexnet.distributed import pick_device  # noqa: E402
 from alexnet.evaluation import PRECISIONS, evaluate, prepare  # noqa: E402
 from alexnet.models import ARCHS  # noqa: E402
-from alexnet.weights.hub import NAME_HELP, PUBLISHED  # noqa: E402
+from alexnet.weights.hub import NAME_HELP, WEIGHTS  # noqa: E402
 from alexnet.weights.theano_layout import THEANO_CONVS  # noqa: E402
 from data.batchfile import atomic_write_json  # noqa: E402
 from data.domains import DEVICE, OUTPUT_FILE, InputPath, OneLineParser  # noqa: E402
@@ -59,7 +59,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                                 formatter_class=argparse.RawDescriptionHelpFormatter,
                                 epilog="\n".join(__doc__.splitlines()[2:]) + f"\n\nexample: {EXAMPLE}")
     p.add_argument("--data", required=True, type=InputPath("folder"), help="a scripts/preprocess.py output folder")
-    p.add_argument("--weights", required=True, type=InputPath("either", names=tuple(PUBLISHED)),
+    p.add_argument("--weights", required=True, type=WEIGHTS,
                    help="checkpoint (.pt), state_dict file, a Theano weights folder, or a "
                    "BVLC .caffemodel" + NAME_HELP)
     p.add_argument("--arch", choices=ARCHS, help="needed only for plain alexnet/caffenet state dicts")

@@ -36,7 +36,7 @@ from alexnet.distributed import pick_device  # noqa: E402
 from alexnet.evaluation import prepare  # noqa: E402
 from alexnet.figures.make import FIGURES, FigureOptions, make_figures  # noqa: E402
 from alexnet.models import ARCHS  # noqa: E402
-from alexnet.weights.hub import NAME_HELP, PUBLISHED, resolve  # noqa: E402
+from alexnet.weights.hub import NAME_HELP, WEIGHTS, resolve  # noqa: E402
 from alexnet.weights.theano_layout import THEANO_CONVS  # noqa: E402
 from data.domains import DEVICE, NON_NEGATIVE, InputPath, OneLineParser, OutputPath, text  # noqa: E402
 
@@ -48,7 +48,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = OneLineParser(description=__doc__.splitlines()[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter,
                                 epilog="\n".join(__doc__.splitlines()[2:]) + f"\n\nexample: {EXAMPLE}")
-    p.add_argument("--weights", required=True, type=InputPath("either", names=tuple(PUBLISHED)),
+    p.add_argument("--weights", required=True, type=WEIGHTS,
                    help="checkpoint (.pt), state_dict file, a Theano weights folder, or a "
                    "BVLC .caffemodel" + NAME_HELP)
     p.add_argument("--data", required=True, type=InputPath("folder"),

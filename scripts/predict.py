@@ -37,7 +37,7 @@ from alexnet.cli import OneLineParser, guarded, positive, protect_streams  # noq
 from alexnet.evaluation import load_weights, predict_log_probs  # noqa: E402
 from alexnet.models import ARCHS  # noqa: E402
 from alexnet.weights.geometry import expected_geometry  # noqa: E402
-from alexnet.weights.hub import NAME_HELP, PUBLISHED, resolve  # noqa: E402
+from alexnet.weights.hub import NAME_HELP, WEIGHTS, resolve  # noqa: E402
 from data.augment import Normalizer  # noqa: E402
 from data.batchfile import atomic_write_json  # noqa: E402
 from data.classnames import read_class_names  # noqa: E402
@@ -54,7 +54,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = OneLineParser(description=__doc__.splitlines()[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter,
                                 epilog="\n".join(__doc__.splitlines()[2:]) + f"\n\nexample: {EXAMPLE}")
-    p.add_argument("weights", type=InputPath("either", names=tuple(PUBLISHED)),
+    p.add_argument("weights", type=WEIGHTS,
                    help="checkpoint (.pt), state_dict file, or a Theano weights folder" + NAME_HELP)
     p.add_argument("images", nargs="+", type=InputPath("file"), help="JPEG/PNG files")
     p.add_argument("--data", type=InputPath("folder"),

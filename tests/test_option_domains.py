@@ -172,7 +172,7 @@ def _bad_inputs(kind: InputPath | AnyOf | Domain, tmp: Path) -> dict[str, str]:
     if kind.kind == "folder":
         bad[str(a_file)] = "is a file, not a folder"
     if kind.names:
-        bad["not_a_published_name"] = f"is not one of the names {', '.join(kind.names)}"
+        bad["not_a_published_name"] = f"is not {kind.names_are} ({', '.join(kind.names)})"
     if os.geteuid() != 0:
         locked = tmp / f"locked_{kind.kind}"
         locked.mkdir() if kind.kind == "folder" else locked.write_text("x")
@@ -201,6 +201,9 @@ def test_an_input_takes_what_exists_and_the_names_it_knows(tmp_path, monkeypatch
     monkeypatch.setenv("HOME", str(tmp_path))
     assert InputPath("file")("~/f.npy") == "~/f.npy"  # the text, as the tool expands it
     assert InputPath("either", names=("torchvision",))("torchvision") == "torchvision"
+    with pytest.raises(argparse.ArgumentTypeError) as e:
+        InputPath("file", names=("a", "b"), names_are="a set")(str(tmp_path / "c"))
+    assert str(e.value) == f"{tmp_path / 'c'} does not exist, and is not a set (a, b)"
     from data.domains import COUNT_TEXT
     classes = AnyOf("a count or a file", COUNT_TEXT, InputPath("file"))
     assert classes("3") == "3" and classes(str(tmp_path / "f.npy")) == str(tmp_path / "f.npy")

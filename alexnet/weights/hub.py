@@ -25,6 +25,7 @@ import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
+from data.domains import InputPath
 from data.fsutil import commit
 
 from .common import FormatError
@@ -70,6 +71,8 @@ PUBLISHED: dict[str, Published] = {
 # The end of every --weights help: what a name fetches.
 NAME_HELP = (f"; or a published set by name, fetched once into torch's hub cache and checked: {', '.join(PUBLISHED)}"
              f" (docs/evaluation.md)")
+# The argparse type of every argument that reads weights: an existing file or folder, or one of these names.
+WEIGHTS = InputPath("either", names=tuple(PUBLISHED), names_are="a published weight set")
 
 
 class DownloadError(OSError):

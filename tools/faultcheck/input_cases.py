@@ -184,7 +184,7 @@ CASES = [
          ("1e400", "beyond the range of a float"), lambda w: tr(w, train__lr="1e400"), no_checkpoint),
     Case("config-epochs-400-digits", "traceback", "train.epochs of 400 digits", 2, ("train.epochs", "64 bits"),
          lambda w: tr(w, train__epochs=DIGITS_400), no_checkpoint),
-    Case("config-is-a-folder", "misleading", "the config path names a folder", 2, ("{w}", "is a directory"),
+    Case("config-is-a-folder", "misleading", "the config path names a folder", 2, ("{w}", "is a folder"),
          lambda w: tr(w, config=str(w.w))),
     # 2. arguments validated before anything is written
     Case("preprocess-seed-negative", "lost", "--seed -1 (a plan.json left behind blocked the right command)", 2,

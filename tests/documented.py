@@ -5,9 +5,43 @@ tests/test_doc_commands.py requires every documented CPU training command to be 
 from __future__ import annotations
 
 import re
+import shlex
 import sys
 
-from tests.test_doc_commands import documented_commands
+from tests.conftest import REPO
+
+
+def documents() -> list:
+    """README.md, docs/*.md and pretrained/README.md: the pages whose shell blocks are commands."""
+    return [REPO / "README.md", *sorted((REPO / "docs").glob("*.md")), REPO / "pretrained" / "README.md"]
+
+
+BLOCK = re.compile(r"```(?:bash|sh|shell)\n(.*?)```", re.S)
+OPTIONAL = re.compile(r"\[(--[^\]]*)\]")  # `[--crops 10]`: an optional part, checked as if given
+
+
+def documented_commands(pages: list | None = None) -> list[tuple[str, list[str]]]:
+    """(where, argv) of every command in the documents' shell blocks: continuations joined, comments and
+    a block's VAR="..." assignments applied, `[--option value]` (optional parts) kept as given."""
+    found = []
+    for doc in pages if pages is not None else documents():
+        text = doc.read_text(encoding="utf-8")
+        for block in BLOCK.finditer(text):
+            line_no = text[:block.start()].count("\n") + 2
+            variables: dict[str, str] = {}
+            for line in block.group(1).replace("\\\n", " ").splitlines():
+                words = shlex.split(OPTIONAL.sub(r" \1 ", line), comments=True)
+                if not words:
+                    continue
+                if len(words) == 1 and re.fullmatch(r"[A-Z_]+=.*", words[0]):
+                    name, value = words[0].split("=", 1)
+                    variables[name] = value
+                    continue
+                expanded = [w for word in words for w in
+                            (shlex.split(variables[word[1:]]) if word.startswith("$") and word[1:] in variables
+                             else [word])]
+                found.append((f"{doc.relative_to(REPO)}:{line_no}", expanded))
+    return found
 
 
 def _same_run(argv: list[str]) -> tuple[str, ...]:

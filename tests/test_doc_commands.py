@@ -24,35 +24,8 @@ from alexnet.config import load_config
 from alexnet.metrics import read_metrics
 from data.domains import InputPath
 from tests.conftest import REPO
+from tests.documented import documented_commands
 from tests.parsers import script_parser
-
-DOCUMENTS = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md")), REPO / "pretrained" / "README.md"]
-BLOCK = re.compile(r"```(?:bash|sh|shell)\n(.*?)```", re.S)
-OPTIONAL = re.compile(r"\[(--[^\]]*)\]")  # `[--crops 10]`: an optional part, checked as if given
-
-
-def documented_commands(documents=DOCUMENTS) -> list[tuple[str, list[str]]]:
-    """(where, argv) of every command in the documents' shell blocks: continuations joined, comments and
-    a block's VAR="..." assignments applied, `[--option value]` (optional parts) kept as given."""
-    found = []
-    for doc in documents:
-        text = doc.read_text(encoding="utf-8")
-        for block in BLOCK.finditer(text):
-            line_no = text[:block.start()].count("\n") + 2
-            variables: dict[str, str] = {}
-            for line in block.group(1).replace("\\\n", " ").splitlines():
-                words = shlex.split(OPTIONAL.sub(r" \1 ", line), comments=True)
-                if not words:
-                    continue
-                if len(words) == 1 and re.fullmatch(r"[A-Z_]+=.*", words[0]):
-                    name, value = words[0].split("=", 1)
-                    variables[name] = value
-                    continue
-                expanded = [w for word in words for w in
-                            (shlex.split(variables[word[1:]]) if word.startswith("$") and word[1:] in variables
-                             else [word])]
-                found.append((f"{doc.relative_to(REPO)}:{line_no}", expanded))
-    return found
 
 
 def _absent_taken(self: InputPath, text: str) -> str:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import os
 import random
+import re
 import sys
 import time
 from pathlib import Path
@@ -316,3 +317,36 @@ def test_a_refusal_of_someone_elses_folder_says_it_exactly(tmp_path, monkeypatch
     with pytest.raises(argparse.ArgumentTypeError) as e:
         out(".")
     assert str(e.value) == f". (the working directory) holds files this tool did not write ('a.txt'){tail}"
+
+
+def test_devices_and_free_text_by_hand(tmp_path):
+    """The device and text domains against values written out here, not their own refused lists."""
+    from data.domains import DEVICE, device, text
+    for name in ("auto", "cpu", "cuda", "cuda:0", "cuda:12"):
+        assert DEVICE(name) == name and device()(name) == name
+    for name in ("gpu", "cuda:x", "cuda:-1", "", "CPU", "cpu:0", " cuda", "cuda:", "mps"):
+        with pytest.raises(argparse.ArgumentTypeError, match=r"^must be a device \(auto, cpu, cuda or cuda:N\), got "):
+            DEVICE(name)
+    strict = device(auto=False)
+    assert strict("cuda:1") == "cuda:1" and strict("cpu") == "cpu"
+    with pytest.raises(argparse.ArgumentTypeError, match=r"^must be a device \(cpu, cuda or cuda:N\), got auto$"):
+        strict("auto")
+    split = text("a split name")
+    assert split("val") == "val" and split(" a b ") == " a b "
+    for blank in ("", " ", "\t"):
+        with pytest.raises(argparse.ArgumentTypeError, match=rf"^must be a split name, got {re.escape(repr(blank))}$"):
+            split(blank)
+
+
+def test_input_path_messages_by_hand(tmp_path):
+    missing = tmp_path / "nope"
+    for kind in ("file", "folder", "either"):
+        with pytest.raises(argparse.ArgumentTypeError) as e:
+            InputPath(kind)(str(missing))
+        assert str(e.value) == f"{missing} does not exist"
+        with pytest.raises(argparse.ArgumentTypeError) as e:
+            InputPath(kind)("")
+        assert str(e.value) == "must name a path, got an empty one"
+    with pytest.raises(argparse.ArgumentTypeError) as e:
+        InputPath("either", names=("alexnet", "caffenet"))(str(missing))
+    assert str(e.value) == f"{missing} does not exist, and is not one of the names (alexnet, caffenet)"

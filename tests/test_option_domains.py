@@ -325,8 +325,10 @@ def test_devices_and_free_text_by_hand(tmp_path):
     for name in ("auto", "cpu", "cuda", "cuda:0", "cuda:12"):
         assert DEVICE(name) == name and device()(name) == name
     for name in ("gpu", "cuda:x", "cuda:-1", "", "CPU", "cpu:0", " cuda", "cuda:", "mps"):
-        with pytest.raises(argparse.ArgumentTypeError, match=r"^must be a device \(auto, cpu, cuda or cuda:N\), got "):
-            DEVICE(name)
+        for domain in (DEVICE, device()):  # the module's, made at import, and one made now
+            with pytest.raises(argparse.ArgumentTypeError,
+                               match=r"^must be a device \(auto, cpu, cuda or cuda:N\), got "):
+                domain(name)
     strict = device(auto=False)
     assert strict("cuda:1") == "cuda:1" and strict("cpu") == "cpu"
     with pytest.raises(argparse.ArgumentTypeError, match=r"^must be a device \(cpu, cuda or cuda:N\), got auto$"):

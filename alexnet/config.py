@@ -10,6 +10,7 @@ Unknown keys and wrong types fail with :class:`ConfigError`, naming the key and 
 """
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import math
 import re
@@ -21,6 +22,7 @@ from typing import Any
 
 import yaml
 
+from data.domains import DEVICE, Domain, device, text
 from data.text import shown
 
 
@@ -157,6 +159,17 @@ CHOICES: dict[str, tuple] = {
     "parallel.exchange": ("weights", "gradients"),
     "parallel.transport": ("auto", "ipc", "nccl", "gloo"),
     "parallel.model": ("fc", "columns"),
+}
+# The text keys' domains (data/domains.py's types), checked with the config: their form. Whether a path
+# exists is asked where it is used (data.root and run.resume_from when a run starts or dries, run.dir by
+# its lock), since a config may be checked on a machine that does not hold them.
+TEXTS: dict[str, Domain] = {
+    "data.root": text("a scripts/preprocess.py output folder"),
+    "run.dir": text("the folder this run writes into (e.g. run.dir=runs/NAME)"),
+    "run.resume_from": Domain("a checkpoint to start from, or empty for none", str,
+                              lambda s: s == "" or bool(s.strip()), (" ",)),
+    "run.device": DEVICE,
+    "parallel.devices": device(auto=False),  # each entry
 }
 MAX_SECONDS = 30 * 86400  # timeouts: torch.distributed and timedelta overflow long before "never"
 
@@ -409,6 +422,12 @@ def validate(cfg: Config) -> None:
     _validate_relations(cfg)
     if not cfg.data.root:
         raise ConfigError("data.root is not set: point it to a scripts/preprocess.py output folder")
+    for key, domain in TEXTS.items():
+        for v in (get(cfg, key) if isinstance(get(cfg, key), list) else [get(cfg, key)]):
+            try:
+                domain(v)
+            except argparse.ArgumentTypeError as e:
+                raise ConfigError(f"{key} {e}") from None
 
 
 def _validate_relations(cfg: Config) -> None:
@@ -490,8 +509,8 @@ def load_config(path: str | Path | None, overrides: list[str] = ()) -> Config:
         if not isinstance(data, dict):
             raise ConfigError(f"{path}: the top level must be a mapping of sections")
         apply(cfg, data, str(path))
-    for text in overrides:
-        key, value = parse_override(text)
+    for override in overrides:
+        key, value = parse_override(override)
         apply(cfg, {key: value}, "command line")
     validate(cfg)
     return cfg

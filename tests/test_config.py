@@ -6,6 +6,7 @@ from pathlib import Path
 import pytest
 
 from alexnet.config import (
+    CHOICES,
     RANGES,
     Config,
     ConfigError,
@@ -211,6 +212,53 @@ def test_every_numeric_key_refuses_values_out_of_range(tmp_path, key):
         value = f"[{bad}, {bad}, {bad}]" if is_list else str(bad)
         with pytest.raises(ConfigError, match=key.replace(".", r"\.") + " must "):
             load_config(write(tmp_path, "data: {root: x}\n"), [f"{key}={value}"])
+
+
+def _all_keys() -> dict[str, object]:
+    """Every key of the schema, read off the dataclasses: {key: its type hint}."""
+    import typing
+    return {f"{section}.{name}": hint for section, section_type in typing.get_type_hints(Config).items()
+            for name, hint in typing.get_type_hints(section_type).items()}
+
+
+def test_every_config_key_has_a_declared_domain():
+    """A flag (bool), a choice, a numeric range or a text key's domain (alexnet.config.TEXTS): a key added
+    later without one fails here."""
+    from alexnet.config import TEXTS
+    keys = _all_keys()
+    assert len(keys) >= 60 and keys["run.device"] is str and keys["data.flip"] is bool
+    bare = [k for k, hint in keys.items() if hint is not bool and k not in CHOICES and k not in RANGES
+            and k not in TEXTS]
+    assert not bare, f"config keys without a declared domain: {bare}"
+    assert set(TEXTS) <= set(keys)
+
+
+def test_every_text_key_refuses_what_its_domain_refuses(tmp_path):
+    """Each refused value of each text key (a list key: as one entry of it), through load_config: a
+    ConfigError naming the key."""
+    import yaml
+
+    from alexnet.config import TEXTS
+    tried = 0
+    for key, domain in TEXTS.items():
+        for bad in domain.refused:
+            value = yaml.safe_dump([bad] if "list" in str(_all_keys()[key]) else bad, default_flow_style=True).strip()
+            with pytest.raises(ConfigError, match="^" + key.replace(".", r"\.") + " "):  # names the key first
+                load_config(write(tmp_path, "data: {root: x}\n"), [f"{key}={value.removesuffix('...').strip()}"])
+            tried += 1
+    assert tried >= 12
+
+
+def test_text_keys_by_hand(tmp_path):
+    cfg = write(tmp_path, "data: {root: x}\n")
+    assert load_config(cfg, ["run.device=cuda:1", "parallel.devices=[cuda:0, cuda:0]", "run.resume_from="]).run.device \
+        == "cuda:1"
+    with pytest.raises(ConfigError, match=r"^run\.device must be a device \(auto, cpu, cuda or cuda:N\), got gpu$"):
+        load_config(cfg, ["run.device=gpu"])
+    with pytest.raises(ConfigError, match=r"^parallel\.devices must be a device \(cpu, cuda or cuda:N\), got auto$"):
+        load_config(cfg, ["parallel.devices=[cuda:0, auto]"])
+    with pytest.raises(ConfigError, match=r"^run\.resume_from must be a checkpoint to start from, or empty for none"):
+        load_config(cfg, ["run.resume_from=' '"])
 
 
 def test_exponent_floats_are_numbers(tmp_path):

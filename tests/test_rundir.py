@@ -76,7 +76,7 @@ def _tree(folder):
 
 
 @pytest.mark.parametrize("where, words", [
-    ("", "run.dir is empty"),
+    ("", "run.dir must be the folder this run writes into (e.g. run.dir=runs/NAME), got ''"),  # the config's
     ("/", "is the file system's root"),
     (".", "(the working directory) holds files that are not a training run's ('config.yaml' and 1 more)"),
     ("mine", "holds files that are not a training run's ('notes.txt')"),

@@ -408,3 +408,16 @@ def test_dotted_keys_in_one_mapping(tmp_path):
     assert (cfg.train.lr, cfg.train.momentum, cfg.data.root) == (0.5, 0.5, "x")
     with pytest.raises(ConfigError, match="^command line: unknown key train.lr.x; valid keys of train: "):
         load_config(None, ["data.root=x", "train.lr.x=1"])
+
+
+def test_the_largest_float_and_a_choice_refusal_by_hand(tmp_path):
+    """1e30 itself is taken, twice it is refused with the whole message; a bad choice names its value."""
+    cfg = write(tmp_path, "data: {root: x}\n")
+    assert load_config(cfg, ["train.lr=1e30"]).train.lr == 1e30
+    with pytest.raises(ConfigError) as e:
+        load_config(cfg, ["train.lr=2e30"])
+    assert str(e.value) == ("train.lr must be at most 1e+30, got 2e+30: no setting is that large, and it would "
+                            "overflow float32 once scaled (lr x bias_lr_mult, ...)")
+    with pytest.raises(ConfigError) as e:
+        load_config(cfg, ["data.mean=x"])
+    assert str(e.value) == "data.mean must be one of image, channel, got 'x'"

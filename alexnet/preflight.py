@@ -123,8 +123,8 @@ def check_resume(cfg: Config, meta: dict, state: dict, path: Path, global_batch:
             raise ConfigError(f"{path} was trained with {key}={was[key]!r}, this config has {now[key]!r}; use "
                               "another run.dir or the same setting")
     changes = [f"{key} {was[key]!r} -> {now[key]!r}" for key in changed if key not in RESUME_KEYS]
-    old = state.get("global_batch")
-    if global_batch is not None and old is not None and old != global_batch:
+    old = state.get("global_batch")  # a converted checkpoint's ("source": not a run of ours) means nothing
+    if global_batch is not None and old is not None and old != global_batch and "source" not in state:
         changes.append(f"global batch {old} -> {global_batch}{_fc_batch_hint(cfg, changed, old, global_batch)}")
     return changes
 

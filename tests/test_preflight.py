@@ -63,6 +63,8 @@ def test_a_resume_reports_another_global_batch_and_why_for_an_old_fc_checkpoint(
     state["config"] = to_dict(_cfg(train_data, tmp_path, **columns))
     assert check_resume(_cfg(train_data, tmp_path, **columns), meta, state, tmp_path / "last.pt", 8) == [
         "global batch 16 -> 8"]
+    assert check_resume(_cfg(train_data, tmp_path, **columns), meta, {**state, "source": {"format": "caffe"}},
+                        tmp_path / "last.pt", 8) == []  # converted weights: their 256 was never a batch of ours
     state["config"] = to_dict(_cfg(train_data, tmp_path, **fc))
     assert check_resume(_cfg(train_data, tmp_path, **fc, **{"train.batch_size": 4}), meta, state,
                         tmp_path / "last.pt", 8) == ["train.batch_size 8 -> 4", "global batch 16 -> 8"]  # 2 replicas

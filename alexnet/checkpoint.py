@@ -7,6 +7,7 @@ Loading always uses ``torch.load(weights_only=True)``: a checkpoint is data, nev
 """
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
 import pickle
@@ -153,10 +154,8 @@ def load(path: str | os.PathLike, map_location: str | torch.device = "cpu", mmap
 
 def _torch_load(path: Path, map_location, mmap: bool):
     if mmap:
-        try:
+        with contextlib.suppress(RuntimeError):  # a file of torch's legacy (non-zip) format cannot be mapped
             return torch.load(path, map_location=map_location, weights_only=True, mmap=True)
-        except RuntimeError:  # a file of torch's legacy (non-zip) format cannot be mapped
-            pass
     return torch.load(path, map_location=map_location, weights_only=True)
 
 

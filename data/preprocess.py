@@ -481,8 +481,7 @@ def check_out(out: Path, inputs: dict[str, list[str]]) -> None:
     if not base.is_dir():
         raise DataError(f"--out {out}: {base} is a file, not a folder")
     try:
-        with tempfile.TemporaryFile(dir=base):
-            pass
+        tempfile.TemporaryFile(dir=base).close()  # a file can be made there
     except OSError as e:  # read-only, not ours, full: name the folder asked for, not the probe
         raise OSError(e.errno, os.strerror(e.errno) if e.errno else str(e), str(out)) from None
     foreign = _not_written_here(out)

@@ -194,3 +194,13 @@ def test_complete_links_a_missing_best(tmp_path):
     (tmp_path / "best.pt").unlink()
     loaded, path = d.load_newest()
     assert d.complete(loaded, path) and same_file(tmp_path / "best.pt", path)
+
+
+def test_a_legacy_format_file_loads_when_mapping_is_asked_for(tmp_path):
+    """torch's legacy (non-zip) format cannot be memory-mapped: load(mmap=True) reads it the plain way."""
+    import torch
+
+    from alexnet.checkpoint import load
+    path = tmp_path / "legacy.pt"
+    torch.save({"w": torch.arange(6.0)}, path, _use_new_zipfile_serialization=False)
+    assert torch.equal(load(path, mmap=True)["w"], torch.arange(6.0))

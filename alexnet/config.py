@@ -423,7 +423,8 @@ def validate(cfg: Config) -> None:
     if not cfg.data.root:
         raise ConfigError("data.root is not set: point it to a scripts/preprocess.py output folder")
     for key, domain in TEXTS.items():
-        for v in (get(cfg, key) if isinstance(get(cfg, key), list) else [get(cfg, key)]):
+        value = get(cfg, key)
+        for v in value if isinstance(value, list) else [value]:
             try:
                 domain(v)
             except argparse.ArgumentTypeError as e:

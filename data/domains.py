@@ -60,7 +60,7 @@ def _digits(text: str) -> str:
 
 
 # a count kept as the text the tool reads itself (preprocess's --classes: N, or a file)
-COUNT_TEXT = Domain("an integer >= 1", _digits, lambda t: 1 <= int(t) <= MAX_INT, COUNT.refused)
+COUNT_TEXT = Domain(COUNT.describe, _digits, lambda t: COUNT.ok(int(t)), COUNT.refused)
 POSITIVE = Domain("a finite number > 0", float, lambda x: math.isfinite(x) and x > 0, ("0", "-1", *_NOT_FLOAT))
 NON_NEGATIVE_FLOAT = Domain("a finite number >= 0", float, lambda x: math.isfinite(x) and x >= 0,
                             ("-0.5", *_NOT_FLOAT))
@@ -91,6 +91,13 @@ def device(auto: bool = True) -> Domain:
 DEVICE = device()
 
 
+def _named_path(text: str) -> Path:
+    """The path a non-empty argument names (`~` expanded), else the refusal every path argument gives."""
+    if not text.strip():
+        raise argparse.ArgumentTypeError("must name a path, got an empty one")
+    return Path(text).expanduser()
+
+
 class InputPath:
     """An argparse type for what a tool reads: an existing, readable `file`, `folder`, or `either`. `names`:
     words taken as they are (the published weight sets, fetched by name), described by `names_are`.
@@ -104,11 +111,9 @@ class InputPath:
         self.__name__ = f"input {kind}"
 
     def __call__(self, text: str) -> str:
-        if not text.strip():
-            raise argparse.ArgumentTypeError("must name a path, got an empty one")
+        path = _named_path(text)
         if text in self.names:
             return text
-        path = Path(text).expanduser()
         if not path.exists():
             also = f", and is not {self.names_are} ({', '.join(self.names)})" if self.names else ""
             raise argparse.ArgumentTypeError(f"{text} does not exist{also}")
@@ -157,9 +162,7 @@ class OutputPath:
         self.__name__ = f"output {kind}"
 
     def __call__(self, text: str) -> str:
-        if not text.strip():
-            raise argparse.ArgumentTypeError("must name a path, got an empty one")
-        path = Path(text).expanduser()
+        path = _named_path(text)
         if path.resolve() == Path(path.anchor or "/").resolve() and path.is_absolute():
             raise argparse.ArgumentTypeError(f"must not be the root folder {text}")
         if self.kind == "file" and path.is_dir():

@@ -44,7 +44,7 @@ def documented_commands(pages: list | None = None) -> list[tuple[str, list[str]]
     return found
 
 
-def _same_run(argv: list[str]) -> tuple[str, ...]:
+def same_run(argv: list[str]) -> tuple[str, ...]:
     """A command without its run.dir: two pages showing one run in two folders show one command."""
     return tuple(w for w in argv if not w.startswith("run.dir="))
 
@@ -54,7 +54,7 @@ def documented(*words: str) -> list[str]:
     found: dict[tuple[str, ...], tuple[str, list[str]]] = {}
     for where, argv in documented_commands():
         if argv[:len(words)] == list(words) and ("--dry-run" in words or "--dry-run" not in argv):
-            found.setdefault(_same_run(argv), (where, argv))
+            found.setdefault(same_run(argv), (where, argv))
     assert len(found) == 1, (f"{len(found)} documented commands start with {' '.join(words)!r}: "
                              f"{[where for where, _ in found.values()]}")
     return list(next(iter(found.values()))[1])

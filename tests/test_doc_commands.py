@@ -151,9 +151,10 @@ def test_dry_run_checks_config_data_and_run_dir_and_writes_nothing(train_data, t
 def _cpu_training_commands() -> list[tuple[str, list[str]]]:
     """The documented train.py commands on the demo's config (they run on a CPU in seconds), one per run
     (two pages showing one run in two folders show one command)."""
+    from tests.documented import same_run
     seen, found = set(), []
     for where, argv in documented_commands():
-        key = tuple(w for w in argv if not w.startswith("run.dir="))
+        key = same_run(argv)
         if argv[:3] == ["python", "train.py", "configs/demo.yaml"] and key not in seen:
             seen.add(key)
             found.append((where, argv))

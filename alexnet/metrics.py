@@ -21,11 +21,10 @@ if TYPE_CHECKING:
 
 def topk_correct(logits: torch.Tensor, labels: torch.Tensor, ks: tuple[int, ...] = (1, 5)) -> torch.Tensor:
     """Number of samples whose label is among the top-k logits, for each k (a device tensor)."""
-    import torch
     k_max = min(max(ks), logits.shape[1])
     top = logits.topk(k_max, dim=1).indices
-    hit = top.eq(labels[:, None])
-    return torch.stack([hit[:, :min(k, k_max)].any(dim=1).sum() for k in ks])
+    found = top.eq(labels[:, None]).cumsum(dim=1)  # column j: 1 where the label is among the first j + 1
+    return found[:, [min(k, k_max) - 1 for k in ks]].sum(dim=0)
 
 
 class Meter:

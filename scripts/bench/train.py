@@ -4,6 +4,7 @@ Table 1 unit). Warm-up steps first; the median of --repeat timed runs of --steps
 """
 from __future__ import annotations
 
+from alexnet.evaluation import PRECISIONS
 from data.domains import COUNT
 
 from .common import add_model_args, add_timing_args, default_crop, device_name, subcommand, timed_steps
@@ -14,7 +15,7 @@ def add_parser(sub):
     p = subcommand(sub, "train", "training img/s on a constant on-device batch, precision x channels_last", run)
     add_model_args(p, crop=True)
     p.add_argument("--batch-size", type=COUNT, default=256)
-    p.add_argument("--precisions", nargs="+", choices=("fp32", "tf32", "bf16"), default=["fp32", "tf32", "bf16"])
+    p.add_argument("--precisions", nargs="+", choices=PRECISIONS, default=list(PRECISIONS))
     p.add_argument("--compile", action="store_true", help="torch.compile the model")
     add_timing_args(p)
     return p

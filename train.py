@@ -35,7 +35,7 @@ from alexnet.cli import protect_streams  # noqa: E402
 from alexnet.config import Config, ConfigError, load_config, summary  # noqa: E402
 from alexnet.distributed import DistInfo, StartError, print0, setup, teardown  # noqa: E402
 from alexnet.launch import launch_local, report_gave_up  # noqa: E402
-from alexnet.preflight import check_run  # noqa: E402
+from alexnet.preflight import check_run, describe_start  # noqa: E402
 from alexnet.replica import MeshLayout  # noqa: E402
 from alexnet.rundir import ENV_LOCK_FD, check_run_dir, hold, lock_holder_here  # noqa: E402
 from alexnet.trainer import NonFiniteLoss, StopFlag, Trainer  # noqa: E402
@@ -64,14 +64,15 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 def dry_run(cfg: Config, world: int) -> int:
     """What a start checks (config, data, run.dir), and what it would run; nothing is written or locked."""
     check_run_dir(cfg.run.dir)
-    meta = check_run(cfg, world)
+    meta = check_run(cfg, world, dry=True)
     layout = MeshLayout(cfg, DistInfo(world=world, model_size=cfg.parallel.model_size))
     t = cfg.train
     steps = meta["splits"]["train"]["count"] // layout.global_batch
+    start = describe_start(cfg, meta, layout.global_batch)
     print(f"train.py: dry run: the config, the data ({cfg.data.root}) and run.dir ({cfg.run.dir}) are fine; "
           f"would start {world} process(es): {_layout_words(cfg)}; {cfg.model.arch} width {cfg.model.width:g}, "
           f"global batch {layout.global_batch} ({t.batch_size} {layout.batch_unit}), {steps} steps an epoch, "
-          f"{t.epochs} epochs, optimizer {t.optimizer}")
+          f"{t.epochs} epochs, optimizer {t.optimizer}{start}")
     return 0
 
 

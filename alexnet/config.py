@@ -109,7 +109,8 @@ class RunConfig:
     checkpoint_timeout: float = 1800.0  # seconds replicas wait for rank 0 to finish writing a checkpoint
                                    # (written in the background; waited for only before the next one)
     resume_from: str = ""          # a checkpoint to start from when run.dir has none yet (e.g. a Theano
-                                   # epoch converted by scripts/convert_weights.py --momentum)
+                                   # epoch converted by scripts/convert_weights.py --momentum), or any
+                                   # weights by path or published name (torchvision...): epoch 1, at rest
     device: str = "auto"           # auto (cuda if present) | cpu | cuda | cuda:N
     progress: bool = True          # tqdm progress bar
     tensorboard: bool = True       # event files, when tensorboard is installed
@@ -166,7 +167,8 @@ CHOICES: dict[str, tuple] = {
 TEXTS: dict[str, Domain] = {
     "data.root": text("a scripts/preprocess.py output folder"),
     "run.dir": text("the folder this run writes into (e.g. run.dir=runs/NAME)"),
-    "run.resume_from": Domain("a checkpoint to start from, or empty for none", str,
+    "run.resume_from": Domain("a checkpoint or weights (a path or a published set's name) to start from, "
+                              "or empty for none", str,
                               lambda s: s == "" or bool(s.strip()), (" ",)),
     "run.device": DEVICE,
     "parallel.devices": device(auto=False),  # each entry

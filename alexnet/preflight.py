@@ -13,11 +13,15 @@ import torch
 from data.layouts import DataError
 from data.meta import check_files, class_difference, read_meta
 
+from .checkpoint import CheckpointDir, CheckpointError
 from .config import Config, ConfigError, to_dict
 from .distributed import DistInfo
 from .model_parallel import sharding_problem
 from .models import build_model
 from .replica import MeshLayout
+from .weights.common import FormatError
+from .weights.hub import PUBLISHED, cache_dir, fetch, url_of
+from .weights.start import starting_checkpoint
 
 # Keys a checkpoint and the current config must agree on to resume (the model's shape and the data).
 RESUME_KEYS = ("model.arch", "model.width", "model.num_classes", "model.dropout_style", "model.lrn", "data.crop",
@@ -36,9 +40,10 @@ def resolve_num_classes(cfg: Config, meta: dict) -> int:
     return data_classes
 
 
-def check_run(cfg: Config, world: int) -> dict:
+def check_run(cfg: Config, world: int, dry: bool = False) -> dict:
     """Everything a run of `world` processes needs from the data and the config, checked before any
-    replica starts; returns meta.json. DataError / ConfigError (exit 2), OSError for the run.dir."""
+    replica starts, and a published run.resume_from fetched (not in a `dry` run); returns meta.json.
+    DataError / ConfigError (exit 2), OSError for the run.dir or a fetch."""
     meta = read_meta(cfg.data.root)
     splits = ("train", "val") if "val" in meta["splits"] else ("train",)
     check_files(cfg.data.root, meta, splits, mean=cfg.data.mean == "image")
@@ -59,7 +64,44 @@ def check_run(cfg: Config, world: int) -> dict:
                         f"({layout.global_batch} = {layout.reader_world} x {layout.reader_batch}); lower "
                         "train.batch_size or parallel.replicas")
     _check_free_space(cfg, classes, _checkpoint_bytes(full))
+    if not dry and start_value(cfg) in PUBLISHED:  # fetched once here, with its bar, before any replica starts
+        try:
+            fetch(cfg.run.resume_from)
+        except FormatError as e:
+            raise DataError(f"run.resume_from: {e}") from None
     return meta
+
+
+def start_value(cfg: Config) -> str | None:
+    """run.resume_from where it applies: set, and run.dir holding no checkpoint of its own to resume."""
+    if not cfg.run.resume_from or CheckpointDir(Path(cfg.run.dir) / "checkpoints", cfg.run.keep_last).exists():
+        return None
+    return cfg.run.resume_from
+
+
+def load_start(cfg: Config, progress: bool = True) -> tuple[dict, Path]:
+    """(checkpoint, path) of run.resume_from (weights.start: a checkpoint, or weights as a start);
+    a file that is not one is a DataError naming the key."""
+    try:
+        return starting_checkpoint(cfg.run.resume_from, cfg, progress)
+    except (CheckpointError, FormatError) as e:
+        raise DataError(f"run.resume_from: {e}") from None
+
+
+def describe_start(cfg: Config, meta: dict, global_batch: int) -> str:
+    """A dry run's words on run.resume_from, checked as a start checks it ("" where it does not apply);
+    a published set not fetched yet is not fetched."""
+    value = start_value(cfg)
+    if value is None:
+        return ""
+    if value in PUBLISHED and not Path(value).exists() and not (cache_dir() / PUBLISHED[value].file).is_file():
+        entry = PUBLISHED[value]
+        return f"; run.resume_from={value}: would fetch {url_of(entry)} into {cache_dir() / entry.file}"
+    state, path = load_start(cfg, progress=False)
+    changes = check_resume(cfg, meta, state, path, global_batch)
+    what = "the weights of " if state.get("source", {}).get("weights_only") else ""
+    return (f"; would start from {what}{path} at epoch {state['epoch'] + 1}, step {state['step']}"
+            + "".join(f"; changed on resume: {c}" for c in changes))
 
 
 def _checkpoint_bytes(model: torch.nn.Module) -> int:
@@ -107,6 +149,10 @@ def check_resume(cfg: Config, meta: dict, state: dict, path: Path, global_batch:
         raise DataError(f"{path} was trained on other classes than those of {cfg.data.root} "
                         f"({class_difference(list(classes), list(meta['classes']))}); use another run.dir, "
                         "or the same data")
+    count = state.get("num_classes")
+    if count is not None and int(count) != int(meta["num_classes"]):
+        raise DataError(f"{path} holds weights for {count} classes, {cfg.data.root} has {meta['num_classes']}; "
+                        "use the data they were trained on")
     size = state.get("image_size")
     if size is not None and size != meta["image_size"]:
         raise DataError(f"{path} was trained on {size}x{size} images, {cfg.data.root} holds "

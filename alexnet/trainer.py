@@ -23,14 +23,14 @@ from data.loader import InlineLoader, LoaderSpec
 from data.reader import load_meta
 from data.slot_loader import SlotLoader
 
-from .checkpoint import CHECKPOINT_KIND, BackgroundWriter, CheckpointDir, CheckpointError, load, to_host
+from .checkpoint import CHECKPOINT_KIND, BackgroundWriter, CheckpointDir, CheckpointError, to_host
 from .config import Config, ConfigError, dump_yaml, to_dict
 from .distributed import DistInfo, print0, slow_barrier
 from .launch import Heartbeat
 from .metrics import Meter, MetricsLog
 from .optim import LRSchedule
 from .precision import autocast_for, configure_backends
-from .preflight import check_resume, resolve_num_classes
+from .preflight import check_resume, load_start, resolve_num_classes
 from .replica import MeshLayout, Replica
 from .rundir import write_config
 
@@ -411,8 +411,13 @@ class Trainer:
             torch.manual_seed(dropout_seed(self.cfg.train.seed + self.global_step, self.dist.rank))
         if "next_lr" in state:
             self._adopt_lr(float(state["next_lr"]), path)
-        print0(self.dist, f"resumed from {path}: epoch {self.epoch + 1}, step {self.step} "
-                          f"(global step {self.global_step})")
+        source = state.get("source", {})
+        if source.get("weights_only"):
+            named = f" (published as {source['name']})" if "name" in source else ""
+            print0(self.dist, f"starting from the weights of {path}{named}: epoch 1, the optimizer at rest")
+        else:
+            print0(self.dist, f"resumed from {path}: epoch {self.epoch + 1}, step {self.step} "
+                              f"(global step {self.global_step})")
 
     def _resume_state(self) -> tuple[dict | None, Path | None]:
         """(state, path) of what to resume from, loaded to the CPU, or (None, None) for a fresh run.
@@ -428,11 +433,7 @@ class Trainer:
                 raise DataError(str(e)) from None
         if not self.cfg.run.resume_from:
             return None, None
-        path = Path(self.cfg.run.resume_from)
-        try:
-            return load(path), path
-        except CheckpointError as e:
-            raise DataError(f"run.resume_from: {e}") from None
+        return load_start(self.cfg, progress=self.dist.is_main)  # a checkpoint, or weights as a start
 
     def _adopt_lr(self, lr: float, path: Path) -> None:
         """A converted checkpoint states the lr its run would use next; make ours agree or say so."""

@@ -191,6 +191,19 @@ def exclusive_dir(folder: str | os.PathLike, what: str) -> Iterator[int]:
         os.close(fd)
 
 
+@contextmanager
+def waiting_lock(folder: str | os.PathLike) -> Iterator[None]:
+    """Hold the flock of `folder` itself (nothing is written in it) while the block runs, waiting for any
+    other holder: one process at a time does what the block does there (e.g. fetch a file into it)."""
+    import fcntl
+    fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)
+
+
 def check_writable(path: str | os.PathLike) -> None:
     """Raise OSError now if a file cannot be written at `path` later (its folder is created if missing)."""
     path = Path(path)

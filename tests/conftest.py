@@ -266,3 +266,42 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip)
+
+
+# -- a local server of weight files (tests/weights_server.py) -------------------------------------------------
+
+
+@pytest.fixture
+def server():
+    """(URL, Files): a local HTTP server of weight files (tests/weights_server.py) for the test's length."""
+    import http.server
+    import threading
+
+    from tests.weights_server import Files
+    Files.files, Files.log = {}, []
+    httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Files)
+    httpd.daemon_threads = True
+    thread = threading.Thread(target=httpd.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{httpd.server_address[1]}", Files
+    finally:
+        httpd.shutdown()
+        httpd.server_close()
+
+
+@pytest.fixture
+def published(tmp_path, monkeypatch):
+    """An empty torch hub cache in tmp_path, and `add(name, body, url)`: a registry entry for a file served."""
+    import hashlib
+
+    from alexnet.weights import hub
+    monkeypatch.setenv("TORCH_HOME", str(tmp_path / "torch_home"))
+    monkeypatch.delenv(hub.MIRROR_ENV, raising=False)
+
+    def add(name: str, body: bytes, url: str, algorithm: str = "sha256") -> hub.Published:
+        entry = hub.Published(f"{name}-file.bin", f"{url}/{name}-file.bin",
+                              f"{algorithm}:{hashlib.new(algorithm, body).hexdigest()}", "a test file")
+        monkeypatch.setitem(hub.PUBLISHED, name, entry)
+        return entry
+    return add

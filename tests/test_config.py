@@ -257,7 +257,8 @@ def test_text_keys_by_hand(tmp_path):
         load_config(cfg, ["run.device=gpu"])
     with pytest.raises(ConfigError, match=r"^parallel\.devices must be a device \(cpu, cuda or cuda:N\), got auto$"):
         load_config(cfg, ["parallel.devices=[cuda:0, auto]"])
-    with pytest.raises(ConfigError, match=r"^run\.resume_from must be a checkpoint to start from, or empty for none"):
+    with pytest.raises(ConfigError, match=r"^run\.resume_from must be a checkpoint or weights \(a path or a "
+                                          r"published set.s name\) to start from, or empty for none"):
         load_config(cfg, ["run.resume_from=' '"])
 
 

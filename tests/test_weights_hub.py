@@ -3,10 +3,7 @@ generated files the way a real server fails (a good file, one cut short, a wrong
 connection), checked against their digest, cached in $TORCH_HOME, resumed, never used when wrong."""
 from __future__ import annotations
 
-import hashlib
-import http.server
 import json
-import threading
 import time
 from pathlib import Path
 
@@ -17,88 +14,7 @@ from alexnet.models import build_model
 from alexnet.weights import hub
 from alexnet.weights.common import FormatError
 from tests.conftest import load_script
-
-STALL_S = 0.5  # the client's timeout in these tests; the stalled route waits longer
-
-
-class _Files(http.server.BaseHTTPRequestHandler):
-    """GET /ROUTE/NAME: `good` serves the file (with ranges; 416 past its end), `whole` all of it whatever the
-    range, `unsized` all of it without a Content-Length, `short` half of it then closes, `wrong` other bytes
-    of the same size, `stall` a few bytes then nothing, anything else 404. Requests are logged."""
-
-    files: dict[str, bytes] = {}
-    log: list[tuple[str, str | None]] = []
-
-    def do_GET(self):  # noqa: N802 (http.server's name)
-        route, _, name = self.path.strip("/").partition("/")
-        self.log.append((self.path, self.headers.get("Range")))
-        body = self.files.get(name)
-        if body is None or route not in ("good", "short", "wrong", "stall", "whole", "unsized"):
-            self.send_error(404, "Not Found")
-            return
-        if route == "unsized":  # no Content-Length: the body ends when the connection closes
-            self.send_response(200)
-            self.end_headers()
-            self.wfile.write(body)
-            self.close_connection = True
-            return
-        if route == "wrong":
-            body = bytes(255 - b for b in body)
-        start = 0
-        rng = self.headers.get("Range")
-        if rng and route == "good":  # "whole" ignores ranges, as some servers do
-            start = int(rng.removeprefix("bytes=").rstrip("-"))
-            if start >= len(body):
-                self.send_error(416, "Range Not Satisfiable")
-                return
-            self.send_response(206)
-            self.send_header("Content-Range", f"bytes {start}-{len(body) - 1}/{len(body)}")
-        else:
-            self.send_response(200)
-        self.send_header("Content-Length", str(len(body) - start))
-        self.end_headers()
-        if route == "short":
-            self.wfile.write(body[:len(body) // 2])
-            self.wfile.flush()
-            self.close_connection = True
-            return
-        if route == "stall":
-            self.wfile.write(body[:10])
-            self.wfile.flush()
-            time.sleep(STALL_S * 4)
-            return
-        self.wfile.write(body[start:])
-
-    def log_message(self, *args):
-        """Silent: http.server would log every request on stderr."""
-
-
-@pytest.fixture
-def server():
-    _Files.files, _Files.log = {}, []
-    httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Files)
-    httpd.daemon_threads = True
-    thread = threading.Thread(target=httpd.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield f"http://127.0.0.1:{httpd.server_address[1]}", _Files
-    finally:
-        httpd.shutdown()
-        httpd.server_close()
-
-
-@pytest.fixture
-def published(tmp_path, monkeypatch):
-    """An empty torch hub cache in tmp_path and a registry entry `tiny` for a file the test serves."""
-    monkeypatch.setenv("TORCH_HOME", str(tmp_path / "torch_home"))
-    monkeypatch.delenv(hub.MIRROR_ENV, raising=False)
-
-    def add(name: str, body: bytes, url: str, algorithm: str = "sha256") -> hub.Published:
-        entry = hub.Published(f"{name}-file.bin", f"{url}/{name}-file.bin",
-                              f"{algorithm}:{hashlib.new(algorithm, body).hexdigest()}", "a test file")
-        monkeypatch.setitem(hub.PUBLISHED, name, entry)
-        return entry
-    return add
+from tests.weights_server import STALL_S
 
 
 def _cached(entry: hub.Published) -> Path:
@@ -305,3 +221,27 @@ def test_the_progress_bar_shows_the_file_and_its_size_on_stderr_only_when_asked(
     hub.cache_dir().joinpath("tiny-file.bin").unlink()
     hub.resolve("tiny", progress=False)
     assert capsys.readouterr().err == ""
+
+
+def test_two_processes_asking_at_once_fetch_the_file_once(server, published):
+    """Replicas of a run (or two tools) that ask for one set together: one downloads, the other waits and
+    finds the file; threads here, each with its own lock (flock holds per open file, as across processes)."""
+    import threading
+    url, files = server
+    files.files["tiny-file.bin"] = body = bytes(range(256)) * 4000
+    published("tiny", body, f"{url}/slow")
+    got, errors, together = [], [], threading.Barrier(2)
+
+    def ask():
+        together.wait()  # both ask at once; with one lock or none, the outcome below does not hang on timing
+        try:
+            got.append(hub.fetch("tiny", progress=False, timeout=STALL_S * 4))
+        except Exception as e:  # noqa: BLE001 (reported below)
+            errors.append(e)
+    threads = [threading.Thread(target=ask) for _ in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert errors == [] and len(got) == 2 and got[0] == got[1] and got[0].read_bytes() == body
+    assert len(files.log) == 1

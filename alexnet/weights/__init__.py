@@ -8,7 +8,7 @@ checkpoint     our training checkpoint (kind                     checkpoint_file
                velocities, LR-policy state, position
 weights        kind ``alexnet-weights``: config and weights      checkpoint_file       load_weights
                only (a Theano epoch converted without                                  / convert
-               momentum); train.py refuses to resume it
+               momentum); train.py starts from it (epoch 0)
 torchvision    torchvision's AlexNet state dict = our ``owt``    torchvision           load_weights
                (same keys)
 state_dict     a plain state dict of our ``alexnet``/            state_dict            load_weights (--arch)
@@ -31,6 +31,7 @@ refused in one line.
 Beside them: ``common`` (FormatError, safe .npy reading, strict loading, width and crop inference:
 what every format uses), ``mean_image`` (mean image files for evaluation: .npy, Caffe's .binaryproto),
 ``convert`` (Theano epochs <-> our files, Caffe models -> our checkpoints, for scripts/convert_weights.py),
+``start`` (what ``run.resume_from`` names: a checkpoint, or any weights above by path or name as a run's start),
 ``geometry`` (the preprocessing each weight set was measured with, for evaluate's notice and predict.py)
 and ``load`` (detect + load_weights, for evaluation).
 Imports point one way: common <- the formats <- convert, load; nothing here imports the trainer.

@@ -1,6 +1,6 @@
 """Our own files: training checkpoints (kind ``alexnet-checkpoint``, written by the trainer) and weights
 files (kind ``alexnet-weights``: config and weights only, e.g. a Theano epoch converted without momentum;
-train.py refuses to resume them). Both store their config, so the model is rebuilt from it."""
+train.py starts from their weights at epoch 1). Both store their config, so the model is rebuilt from it."""
 from __future__ import annotations
 
 from torch import nn

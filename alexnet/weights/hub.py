@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from data.domains import InputPath
-from data.fsutil import commit
+from data.fsutil import commit, waiting_lock
 
 from .common import FormatError
 
@@ -106,22 +106,28 @@ def fetch(name: str, progress: bool = True, timeout: float = 30.0) -> Path:
     entry = PUBLISHED[name]
     dest = cache_dir() / entry.file
     if dest.is_file():
-        _check(dest, entry, _url(entry), cached=True)
+        _check(dest, entry, url_of(entry), cached=True)
         return dest
     dest.parent.mkdir(parents=True, exist_ok=True)
-    partial = dest.with_name(dest.name + ".partial")
-    url = _url(entry)
-    _download(url, partial, entry, dest, progress, timeout)
-    try:
-        _check(partial, entry, url, cached=False)
-    except FormatError:
-        partial.unlink(missing_ok=True)  # resuming cannot mend it: the next try starts again
-        raise
-    commit(partial, dest)
+    # One process at a time (replicas, two tools at once): the others wait, then find the file fetched.
+    with waiting_lock(dest.parent):
+        if dest.is_file():
+            _check(dest, entry, url_of(entry), cached=True)
+            return dest
+        partial = dest.with_name(dest.name + ".partial")
+        url = url_of(entry)
+        _download(url, partial, entry, dest, progress, timeout)
+        try:
+            _check(partial, entry, url, cached=False)
+        except FormatError:
+            partial.unlink(missing_ok=True)  # resuming cannot mend it: the next try starts again
+            raise
+        commit(partial, dest)
     return dest
 
 
-def _url(entry: Published) -> str:
+def url_of(entry: Published) -> str:
+    """Where `entry` is fetched from: its authors' URL, or the mirror's."""
     mirror = os.environ.get(MIRROR_ENV, "").strip()
     return f"{mirror.rstrip('/')}/{entry.file}" if mirror else entry.url
 

@@ -1,0 +1,114 @@
+"""run.resume_from=NAME or any weights file (alexnet/weights/start.py): a run starts from published weights
+fetched from the local server, from a torchvision file or a .caffemodel, with the run's own optimizer at
+rest; the settings the weights fix are named when the config disagrees; a dry run checks it all and
+fetches nothing. Checked against the files themselves: with lr 1e-30 a run ends with exactly their weights."""
+from __future__ import annotations
+
+import torch
+
+import train
+from alexnet.checkpoint import load
+from alexnet.models import build_model
+from alexnet.weights import hub
+from alexnet.weights.load import load_weights
+from tests.caffe_nets import SMALL, random_blobs, write_model
+from tests.conftest import tiny_overrides
+
+OWT = {"model.arch": "owt", "data.mean": "channel"}
+STILL = {"train.lr": 1e-30, "train.epochs": 1, "data.loading": "inline"}  # steps below float32's ulp
+
+
+def _owt_file(path, classes: int = 4, seed: int = 3) -> dict:
+    torch.manual_seed(seed)
+    state = build_model("owt", num_classes=classes, width=0.125, crop=224, init="torch").state_dict()
+    torch.save(state, path)
+    return state
+
+
+def _same(state: dict, expected: dict) -> None:
+    assert sorted(state) == sorted(expected)
+    for key, value in expected.items():
+        assert torch.equal(state[key], value), key
+
+
+def test_a_published_name_starts_a_run_from_its_weights_fetched_once(server, published, train_data, tmp_path,
+                                                                     capsys):
+    expected = _owt_file(tmp_path / "tv.pth")
+    url, files = server
+    files.files["torchvision-file.bin"] = body = (tmp_path / "tv.pth").read_bytes()
+    entry = published("torchvision", body, f"{url}/good")
+    run = tmp_path / "run"
+    args = ["configs/demo.yaml", *tiny_overrides(train_data, run, **OWT, **STILL), "run.resume_from=torchvision"]
+    assert train.main(args) == 0
+    out = capsys.readouterr().out
+    assert f"starting from the weights of {hub.cache_dir() / entry.file} (published as torchvision)" in out
+    _same(load(run / "checkpoints" / "last.pt")["model"], expected)
+    again = tmp_path / "again"
+    assert train.main(["configs/demo.yaml", *tiny_overrides(train_data, again, **OWT, **STILL),
+                       "run.resume_from=torchvision"]) == 0
+    assert len(files.log) == 1  # the second run read the cache
+
+
+def test_a_fresh_run_does_not_end_with_those_weights(train_data, tmp_path):
+    """The control of the test above: lr 1e-30 alone keeps the run's own initial weights, not the file's."""
+    expected = _owt_file(tmp_path / "tv.pth")
+    run = tmp_path / "run"
+    assert train.main(["configs/demo.yaml", *tiny_overrides(train_data, run, **OWT, **STILL)]) == 0
+    got = load(run / "checkpoints" / "last.pt")["model"]
+    assert not torch.equal(got["features.0.weight"], expected["features.0.weight"])
+
+
+def test_the_settings_the_weights_fix_and_their_classes_are_named_when_the_config_differs(train_data, tmp_path,
+                                                                                          capsys):
+    _owt_file(tmp_path / "tv.pth")
+    _owt_file(tmp_path / "tv10.pth", classes=10)
+    run = tmp_path / "run"
+    cases = [({}, tmp_path / "tv.pth", "holds weights for model.arch=owt, data.mean=channel; this config has "
+                                       "model.arch=alexnet, data.mean=image: set model.arch=owt data.mean=channel"),
+             (OWT, tmp_path / "tv10.pth", f"holds weights for 10 classes, {train_data} has 4"),
+             (OWT, tmp_path / "gone.pt", "run.resume_from: ")]
+    for extra, path, words in cases:
+        code = train.main(["configs/demo.yaml", *tiny_overrides(train_data, run, **extra, **STILL),
+                           f"run.resume_from={path}"])
+        err = capsys.readouterr().err.strip()
+        assert code == 2 and "\n" not in err and words in err, err
+        assert not (run / "checkpoints").exists() or not any((run / "checkpoints").iterdir())
+
+
+def test_a_caffemodel_starts_with_the_runs_own_optimizer(train_data, tmp_path, capsys):
+    """A .caffemodel by path, under LARS (a converted checkpoint holds SGD's state, which LARS refuses):
+    the run ends at its weights, as load_weights reads them."""
+    blobs = random_blobs(SMALL["channels"], SMALL["hidden"], 4, 67, seed=5)
+    path = write_model(tmp_path, "caffenet", "V2", blobs)
+    expected = load_weights(path)[0].state_dict()
+    run = tmp_path / "run"
+    settings = {"model.arch": "caffenet", "train.optimizer": "lars", **STILL}
+    code = train.main(["configs/demo.yaml", *tiny_overrides(train_data, run, **settings), f"run.resume_from={path}"])
+    err = capsys.readouterr().err
+    assert code == 2 and "set model.lrn=caffe" in err, err
+    code = train.main(["configs/demo.yaml", *tiny_overrides(train_data, run, **settings, **{"model.lrn": "caffe"}),
+                       f"run.resume_from={path}"])
+    assert code == 0, capsys.readouterr().err
+    _same(load(run / "checkpoints" / "last.pt")["model"], expected)
+
+
+def test_a_dry_run_checks_the_start_and_fetches_nothing(server, published, train_data, tmp_path, capsys):
+    _owt_file(tmp_path / "tv.pth")
+    url, files = server
+    files.files["torchvision-file.bin"] = body = (tmp_path / "tv.pth").read_bytes()
+    entry = published("torchvision", body, f"{url}/good")
+    run = tmp_path / "run"
+    args = ["configs/demo.yaml", *tiny_overrides(train_data, run, **OWT), "run.resume_from=torchvision", "--dry-run"]
+    assert train.main(args) == 0
+    out = capsys.readouterr().out
+    assert f"run.resume_from=torchvision: would fetch {url}/good/torchvision-file.bin into " \
+           f"{hub.cache_dir() / entry.file}" in out
+    assert files.log == [] and not hub.cache_dir().exists() and not run.exists()
+    hub.fetch("torchvision", progress=False)
+    assert train.main(args) == 0
+    assert f"would start from the weights of {hub.cache_dir() / entry.file} at epoch 1, step 0" in \
+        capsys.readouterr().out
+    wrong = ["configs/demo.yaml", *tiny_overrides(train_data, run), "run.resume_from=torchvision", "--dry-run"]
+    assert train.main(wrong) == 2
+    assert "set model.arch=owt data.mean=channel" in capsys.readouterr().err
+    assert not run.exists()

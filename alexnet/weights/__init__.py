@@ -34,7 +34,7 @@ what every format uses), ``mean_image`` (mean image files for evaluation: .npy, 
 ``start`` (what ``run.resume_from`` names: a checkpoint, or any weights above by path or name as a run's start),
 ``geometry`` (the preprocessing each weight set was measured with, for evaluate's notice and predict.py)
 and ``load`` (detect + load_weights, for evaluation).
-Imports point one way: common <- the formats <- convert, load; nothing here imports the trainer.
+Imports point one way: common <- the formats <- convert, load <- start; nothing here imports the trainer.
 
 Every ``.npy`` is read with ``allow_pickle=False``; every ``.pt`` with ``torch.load(weights_only=True)``.
 """

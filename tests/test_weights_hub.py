@@ -209,6 +209,7 @@ def test_the_messages_name_the_url_asked_and_where_the_file_goes_by_hand(server,
         hub.resolve("tiny", progress=False)
     assert "Connection refused" in str(e.value) and "<urlopen error" not in str(e.value)
     assert "download http://127.0.0.1:9/tiny-file.bin (its sha256" in str(e.value)
+    assert "kept in" not in str(e.value)  # nothing came, so nothing is kept to resume
 
 
 def test_the_progress_bar_shows_the_file_and_its_size_on_stderr_only_when_asked(server, published, capsys):

@@ -158,8 +158,9 @@ def _download(url: str, partial: Path, entry: Published, dest: Path, progress: b
         raise DownloadError(f"{url}: HTTP {e.code} {e.reason}; {_by_hand(url, entry, dest)}") from None
     except (urllib.error.URLError, OSError, http.client.HTTPException) as e:
         reason = getattr(e, "reason", None) or e
-        raise DownloadError(f"{url}: {reason}; the part fetched is kept in {partial} and resumed next time; "
-                            f"{_by_hand(url, entry, dest)}") from None
+        kept = (f"the part fetched is kept in {partial} and resumed next time; "
+                if partial.is_file() and partial.stat().st_size else "")  # refused or offline: nothing came
+        raise DownloadError(f"{url}: {reason}; {kept}{_by_hand(url, entry, dest)}") from None
     got = partial.stat().st_size
     if total is not None and got < total:
         raise DownloadError(f"{url}: the connection closed after {got} of {total} bytes; the part fetched is "

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .core import READ_ONLY, REPO, Case, Work, environment, train_args, wait_for
+from .core import READ_ONLY, REPO, Case, Work, environment, inject, must, train_args, wait_for
 
 FILE = "00001.h5"  # a training batch file of the shared data (16 images)
 
@@ -182,6 +182,29 @@ def _checkpoint_written(work: Work) -> str | None:
 
 
 RUN = "{w}/run"
+
+def _owt_weights(classes: int, **over):
+    """run.resume_from=a torchvision-format file (arch owt) of `classes` classes, made in a child."""
+    def setup(work: Work) -> list[str]:
+        path = work.w / f"tv{classes}.pth"
+        must(["-c", f"import torch; from alexnet.models import build_model; torch.save(build_model('owt', "
+                    f"num_classes={classes}, width=0.125, crop=224, init='torch').state_dict(), {str(path)!r})"])
+        return tr(work, run__resume_from=path, **over)
+    return setup
+
+
+def _damaged_caffemodel(work: Work) -> list[str]:
+    (work.w / "bad.caffemodel").write_bytes(np.random.default_rng(0).bytes(3000))
+    return tr(work, run__resume_from=work.w / "bad.caffemodel")
+
+
+def _published_offline(work: Work) -> list[str]:
+    """run.resume_from=bvlc_alexnet with an empty hub cache and nothing listening where it is fetched."""
+    code = (f"import os; os.environ['TORCH_HOME'] = {str(work.w / 'torch_home')!r}; "
+            "os.environ['ALEXNET_WEIGHTS_MIRROR'] = 'http://127.0.0.1:9'")
+    return inject(code, *tr(work, run__resume_from="bvlc_alexnet"))
+
+
 CASES = [
     Case("train-lr-nan", "silent", "train.lr=.nan", 2, ("train.lr",), lambda w: tr(w, train__lr=".nan"),
          no_checkpoint, listed=True),
@@ -238,6 +261,14 @@ CASES = [
          ("last.pt", "epoch_001.pt"), _last_pt_truncated, line="last.pt: cannot be loaded"),
     Case("train-resume-from-missing", "traceback", "run.resume_from naming no file", 2, ("{w}/nope.pt",),
          lambda w: tr(w, run__resume_from=w.w / "nope.pt"), no_checkpoint),
+    Case("train-start-weights-other-arch", "misleading", "run.resume_from=torchvision-format weights (owt) with "
+         "the demo's alexnet", 2, ("model.arch=owt", "data.mean=channel"), _owt_weights(4), no_checkpoint),
+    Case("train-start-weights-other-classes", "misleading", "run.resume_from=weights of 10 classes, data of 4", 2,
+         ("10 classes", "has 4"), _owt_weights(10, model__arch="owt", data__mean="channel"), no_checkpoint),
+    Case("train-start-damaged-caffemodel", "misleading", "run.resume_from=a .caffemodel of random bytes", 2,
+         ("{w}/bad.caffemodel",), _damaged_caffemodel, no_checkpoint),
+    Case("train-start-published-offline", "misleading", "run.resume_from=bvlc_alexnet, nothing listening", 1,
+         ("http://127.0.0.1:9/bvlc_alexnet.caffemodel", "by hand"), _published_offline, no_checkpoint),
     Case("train-loss-nan", "silent", "train.lr=1e30: the loss becomes NaN", 1, ("NaN",),
          lambda w: tr(w, train__lr="1e30", train__epochs=2), finite_checkpoints),
     Case("train-disk-full-at-save", "traceback", "run.dir on a 4 MiB tmpfs: room for one checkpoint, not two", 1,

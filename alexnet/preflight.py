@@ -66,7 +66,7 @@ def check_run(cfg: Config, world: int, dry: bool = False) -> dict:
     _check_free_space(cfg, classes, _checkpoint_bytes(full))
     if not dry and start_value(cfg) in PUBLISHED:  # fetched once here, with its bar, before any replica starts
         try:
-            fetch(cfg.run.resume_from)
+            fetch(cfg.run.resume_from, progress=cfg.run.progress)
         except FormatError as e:
             raise DataError(f"run.resume_from: {e}") from None
     return meta

@@ -433,7 +433,8 @@ class Trainer:
                 raise DataError(str(e)) from None
         if not self.cfg.run.resume_from:
             return None, None
-        return load_start(self.cfg, progress=self.dist.is_main)  # a checkpoint, or weights as a start
+        # a checkpoint, or weights (by path or published name) as a start
+        return load_start(self.cfg, progress=self.dist.is_main and self.cfg.run.progress)
 
     def _adopt_lr(self, lr: float, path: Path) -> None:
         """A converted checkpoint states the lr its run would use next; make ours agree or say so."""

@@ -246,3 +246,37 @@ def test_two_processes_asking_at_once_fetch_the_file_once(server, published):
         t.join()
     assert errors == [] and len(got) == 2 and got[0] == got[1] and got[0].read_bytes() == body
     assert len(files.log) == 1
+
+
+def test_a_file_put_in_the_cache_while_waiting_for_the_lock_is_checked_too(server, published, monkeypatch):
+    """The other holder of the lock fetched and checked its file; a file that appears there otherwise (by
+    hand, damaged) is checked all the same, as a cached file is: refused naming it."""
+    import threading
+    from contextlib import contextmanager
+    url, files = server
+    files.files["tiny-file.bin"] = body = b"weights" * 1000
+    entry = published("tiny", body, f"{url}/good")
+    dest = hub.cache_dir() / entry.file
+    dest.parent.mkdir(parents=True)
+    real, waiting, errors = hub.waiting_lock, threading.Event(), []
+
+    @contextmanager
+    def spied(folder):
+        waiting.set()  # past the first look at the cache: the next look is the one under the lock
+        with real(folder):
+            yield
+    monkeypatch.setattr(hub, "waiting_lock", spied)
+
+    def ask():
+        try:
+            hub.fetch("tiny", progress=False)
+        except FormatError as e:
+            errors.append(str(e))
+    with real(dest.parent):
+        t = threading.Thread(target=ask)
+        t.start()
+        waiting.wait()
+        dest.write_bytes(b"damaged" * 1000)
+    t.join()
+    assert len(errors) == 1 and errors[0].startswith(f"{dest} (in the cache: delete it to fetch it again): sha256")
+    assert f"download {url}/good/tiny-file.bin" in errors[0] and files.log == []

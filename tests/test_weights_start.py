@@ -4,13 +4,19 @@ rest; the settings the weights fix are named when the config disagrees; a dry ru
 fetches nothing. Checked against the files themselves: with lr 1e-30 a run ends with exactly their weights."""
 from __future__ import annotations
 
+import pytest
 import torch
 
 import train
 from alexnet.checkpoint import load
+from alexnet.config import Config, ConfigError, to_dict
 from alexnet.models import build_model
 from alexnet.weights import hub
+from alexnet.weights.checkpoint_file import WEIGHTS_KIND
+from alexnet.weights.common import FormatError
+from alexnet.weights.convert import training_checkpoint
 from alexnet.weights.load import load_weights
+from alexnet.weights.start import starting_checkpoint
 from tests.caffe_nets import SMALL, random_blobs, write_model
 from tests.conftest import tiny_overrides
 
@@ -40,7 +46,8 @@ def test_a_published_name_starts_a_run_from_its_weights_fetched_once(server, pub
     run = tmp_path / "run"
     args = ["configs/demo.yaml", *tiny_overrides(train_data, run, **OWT, **STILL), "run.resume_from=torchvision"]
     assert train.main(args) == 0
-    out = capsys.readouterr().out
+    out, err = capsys.readouterr()
+    assert "torchvision-file.bin" not in err  # run.progress=false: no download bar either
     assert f"starting from the weights of {hub.cache_dir() / entry.file} (published as torchvision)" in out
     _same(load(run / "checkpoints" / "last.pt")["model"], expected)
     again = tmp_path / "again"
@@ -112,3 +119,82 @@ def test_a_dry_run_checks_the_start_and_fetches_nothing(server, published, train
     assert train.main(wrong) == 2
     assert "set model.arch=owt data.mean=channel" in capsys.readouterr().err
     assert not run.exists()
+
+
+# -- weights.start in-process: what a start holds, and every refusal's words ---------------------------------
+
+
+def _cfg(**keys) -> Config:
+    cfg = Config()
+    for key, value in keys.items():
+        section, name = key.split("__")
+        setattr(getattr(cfg, section), name, value)
+    return cfg
+
+
+def test_a_training_checkpoint_is_taken_as_it_is(tmp_path):
+    """Its run continues: its own epoch, velocities and RNG, nothing marked as a weights start."""
+    model = build_model("alexnet", 4, 0.125, 0.5, 67, "torch")
+    velocities = {k: torch.full_like(p, 0.5).numpy() for k, p in model.named_parameters()}
+    state = training_checkpoint(model, _cfg(data__crop=67, model__width=0.125), 4, {"format": "ours"}, epoch=3,
+                                velocities=velocities)
+    torch.save(state, tmp_path / "run.pt")
+    got, path = starting_checkpoint(str(tmp_path / "run.pt"), _cfg(), progress=False)
+    assert path == tmp_path / "run.pt" and got["epoch"] == 3 and got["source"] == {"format": "ours"}
+    assert got["optimizer"]["state"][0]["velocity"].eq(0.5).all()
+
+
+def test_a_folder_is_refused_naming_the_conversion(tmp_path):
+    with pytest.raises(FormatError) as e:
+        starting_checkpoint(str(tmp_path), _cfg(), progress=False)
+    assert str(e.value) == (f"{tmp_path} is a folder; a Theano folder becomes a checkpoint with "
+                            f"scripts/convert_weights.py {tmp_path} FILE.pt --momentum (then run.resume_from=FILE.pt)")
+
+
+def test_a_start_records_its_weights_and_leaves_the_callers_config_alone(tmp_path):
+    expected = _owt_file(tmp_path / "tv.pth")
+    # owt takes any crop (its adaptive pool): the run's 67, not torchvision's 224
+    cfg = _cfg(model__arch="owt", data__mean="channel", data__crop=67, model__width=0.125)
+    state, path = starting_checkpoint(str(tmp_path / "tv.pth"), cfg, progress=False)
+    assert state["source"] == {"format": "torchvision", "file": str(tmp_path / "tv.pth"), "weights_only": True}
+    assert (state["epoch"], state["step"], state["num_classes"]) == (0, 0, 4)
+    assert state["config"]["model"]["num_classes"] == 4 and state["config"]["data"]["crop"] == 67
+    assert cfg.model.num_classes is None  # the run's own config is not the start's
+    _same(state["model"], expected)
+
+
+def test_a_published_start_names_its_set_and_shows_a_bar_only_when_asked(server, published, tmp_path, capsys):
+    _owt_file(tmp_path / "tv.pth")
+    url, files = server
+    files.files["torchvision-file.bin"] = body = (tmp_path / "tv.pth").read_bytes()
+    entry = published("torchvision", body, f"{url}/good")
+    cfg = _cfg(model__arch="owt", data__mean="channel", model__width=0.125)
+    state, path = starting_checkpoint("torchvision", cfg, progress=True)
+    assert "torchvision-file.bin" in capsys.readouterr().err  # the bar names the file
+    assert path == hub.cache_dir() / entry.file
+    assert state["source"] == {"format": "torchvision", "file": str(path), "weights_only": True, "name": "torchvision"}
+    path.unlink()
+    starting_checkpoint("torchvision", cfg, progress=False)
+    assert capsys.readouterr().err == ""
+    with pytest.raises(ConfigError) as e:
+        starting_checkpoint("torchvision", _cfg(data__mean="channel", model__width=0.125), progress=False)
+    assert str(e.value) == (f"run.resume_from=torchvision ({path}) holds weights for model.arch=owt; this config "
+                            "has model.arch=alexnet: set model.arch=owt")
+
+
+def test_the_settings_the_weights_fix_are_read_off_the_weights(tmp_path):
+    """A Caffe net's crop (from fc6) and LRN, a weights file's dropout style: each named when the config
+    differs, by path."""
+    caffe = write_model(tmp_path, "caffenet", "V2", random_blobs(SMALL["channels"], SMALL["hidden"], 4, 227, seed=1))
+    with pytest.raises(ConfigError) as e:
+        starting_checkpoint(str(caffe), _cfg(model__arch="caffenet", model__width=0.125, data__crop=67), False)
+    assert str(e.value) == (f"run.resume_from={caffe} holds weights for model.lrn=caffe, data.crop=227; this "
+                            "config has model.lrn=paper, data.crop=67: set model.lrn=caffe data.crop=227")
+    theano_style = _cfg(data__crop=67, model__width=0.125, model__dropout_style="theano")
+    model = build_model("alexnet", 4, 0.125, 0.5, 67, "torch", dropout_style="theano")
+    torch.save({"kind": WEIGHTS_KIND, "version": 1, "config": to_dict(theano_style), "model": model.state_dict(),
+                "num_classes": 4}, tmp_path / "w.pt")
+    with pytest.raises(ConfigError, match=r"holds weights for model\.dropout_style=theano; this config has "
+                                          r"model\.dropout_style=inverted: set model\.dropout_style=theano$"):
+        starting_checkpoint(str(tmp_path / "w.pt"), _cfg(data__crop=67, model__width=0.125), False)
+    assert starting_checkpoint(str(tmp_path / "w.pt"), theano_style, False)[0]["epoch"] == 0

@@ -52,7 +52,7 @@ def weights_checkpoint(model: nn.Module, info: dict, value: str, path: Path, cfg
     from .convert import training_checkpoint  # convert reads every format: imported where it is used
 
     fixed = {"model.arch": info["arch"], "model.width": float(info["width"]),
-             "model.lrn": getattr(model, "lrn", cfg.model.lrn), "model.dropout_style": _dropout_style(model, cfg),
+             "model.lrn": getattr(model, "lrn", cfg.model.lrn), "model.dropout_style": _dropout_style(model),
              "data.crop": cfg.data.crop if info["arch"] == "owt" else info["crop"],  # owt: an adaptive pool
              "data.mean": info["mean"]}
     start = copy.deepcopy(cfg)
@@ -69,11 +69,10 @@ def weights_checkpoint(model: nn.Module, info: dict, value: str, path: Path, cfg
     return training_checkpoint(model, start, info["num_classes"], source)
 
 
-def _dropout_style(model: nn.Module, cfg: Config) -> str:
+def _dropout_style(model: nn.Module) -> str:
     """The style the weights were trained with, as load_weights built their dropout layers (Theano's
-    folders: theano; torchvision's and Caffe's: inverted; our files: their config's)."""
-    styles = {m.style for m in model.modules() if isinstance(m, Dropout)}
-    return styles.pop() if len(styles) == 1 else cfg.model.dropout_style
+    folders: theano; torchvision's and Caffe's: inverted; our files: their config's). Every arch has them."""
+    return next(m.style for m in model.modules() if isinstance(m, Dropout))
 
 
 def _get(cfg: Config, key: str):

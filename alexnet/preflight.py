@@ -79,7 +79,7 @@ def start_value(cfg: Config) -> str | None:
     return cfg.run.resume_from
 
 
-def load_start(cfg: Config, progress: bool = True) -> tuple[dict, Path]:
+def load_start(cfg: Config, progress: bool) -> tuple[dict, Path]:
     """(checkpoint, path) of run.resume_from (weights.start: a checkpoint, or weights as a start);
     a file that is not one is a DataError naming the key."""
     try:

@@ -270,13 +270,17 @@ def test_a_file_put_in_the_cache_while_waiting_for_the_lock_is_checked_too(serve
     def ask():
         try:
             hub.fetch("tiny", progress=False)
-        except FormatError as e:
-            errors.append(str(e))
+        except Exception as e:  # noqa: BLE001 (any failure is the test's answer, below)
+            errors.append(e)
+        finally:
+            waiting.set()  # a fetch that fails before the lock must not leave the test waiting
     with real(dest.parent):
         t = threading.Thread(target=ask)
         t.start()
         waiting.wait()
         dest.write_bytes(b"damaged" * 1000)
     t.join()
-    assert len(errors) == 1 and errors[0].startswith(f"{dest} (in the cache: delete it to fetch it again): sha256")
-    assert f"download {url}/good/tiny-file.bin" in errors[0] and files.log == []
+    assert len(errors) == 1 and isinstance(errors[0], FormatError), errors
+    message = str(errors[0])
+    assert message.startswith(f"{dest} (in the cache: delete it to fetch it again): sha256")
+    assert f"download {url}/good/tiny-file.bin" in message and files.log == []

@@ -27,7 +27,7 @@ from .load import load_weights
 FIXED_BY_WEIGHTS = ("model.arch", "model.width", "model.lrn", "model.dropout_style", "data.crop", "data.mean")
 
 
-def starting_checkpoint(value: str, cfg: Config, progress: bool = True) -> tuple[dict, Path]:
+def starting_checkpoint(value: str, cfg: Config, progress: bool) -> tuple[dict, Path]:
     """(checkpoint, its path) for run.resume_from=`value`; ConfigError where the weights need other model
     settings than `cfg`'s, FormatError / CheckpointError for a file that is not usable weights, hub's
     DownloadError where a published set cannot be fetched."""

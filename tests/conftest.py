@@ -145,25 +145,6 @@ def pytest_configure(config):
         signal.signal(signal.SIGINT, signal.default_int_handler)
     if signal.getsignal(signal.SIGHUP) == signal.SIG_IGN:
         signal.signal(signal.SIGHUP, _outlive_the_terminal)
-    if not hasattr(config, "workerinput"):  # once, in the process that starts the workers
-        compile_the_repository()
-
-
-# The repository's own code, compiled once before the tests start. Each Python process the suite starts
-# otherwise compiles every module of ours it imports from source where it finds no bytecode, as it does in a
-# fresh clone run with PYTHONDONTWRITEBYTECODE=1 (which writes none): a train.py then took 2.05 s of CPU
-# instead of 1.70 s. Bytecode is checked against its source's time and size, so a stale file is never used.
-COMPILED = ("alexnet", "data", "layers", "scripts", "tools", "tests", "train.py")
-
-
-def compile_the_repository() -> None:
-    import compileall
-    for name in COMPILED:
-        path = REPO / name
-        if path.is_dir():
-            compileall.compile_dir(path, quiet=2)
-        else:
-            compileall.compile_file(path, quiet=2)
 
 
 def _outlive_the_terminal(signum, frame) -> None:

@@ -89,8 +89,11 @@ def load_start(cfg: Config, progress: bool) -> tuple[dict, Path]:
 
 
 def describe_start(cfg: Config, meta: dict, global_batch: int) -> str:
-    """A dry run's words on run.resume_from, checked as a start checks it ("" where it does not apply);
-    a published set not fetched yet is not fetched."""
+    """A dry run's words on where the run starts: run.dir's newest checkpoint, or run.resume_from checked as
+    a start checks it ("" for a fresh start); a published set not fetched yet is not fetched."""
+    own = CheckpointDir(Path(cfg.run.dir) / "checkpoints", cfg.run.keep_last).candidates()
+    if own:
+        return f"; would resume from {own[0]} (run.dir's newest checkpoint; run.resume_from is not read)"
     value = start_value(cfg)
     if value is None:
         return ""

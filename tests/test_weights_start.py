@@ -203,3 +203,16 @@ def test_the_settings_the_weights_fix_are_read_off_the_weights(tmp_path):
                                           r"model\.dropout_style=inverted: set model\.dropout_style=theano$"):
         starting_checkpoint(str(tmp_path / "w.pt"), _cfg(data__crop=67, model__width=0.125), False)
     assert starting_checkpoint(str(tmp_path / "w.pt"), theano_style, False)[0]["epoch"] == 0
+
+
+def test_a_dry_run_says_where_the_run_starts(train_data, tmp_path, capsys):
+    """Fresh: nothing; a run.dir with checkpoints: its newest, whatever run.resume_from says."""
+    run = tmp_path / "run"
+    args = ["configs/demo.yaml", *tiny_overrides(train_data, run, **STILL), f"run.resume_from={tmp_path / 'x.pt'}"]
+    assert train.main([*args[:-1], "--dry-run"]) == 0
+    assert "would resume" not in capsys.readouterr().out
+    assert train.main(args[:-1]) == 0
+    capsys.readouterr()
+    assert train.main([*args, "--dry-run"]) == 0  # x.pt does not exist: it is not read
+    assert (f"; would resume from {run / 'checkpoints' / 'last.pt'} (run.dir's newest checkpoint; "
+            "run.resume_from is not read)") in capsys.readouterr().out

@@ -1,6 +1,7 @@
 """Faults and bad input for train.py: config values, the data folder, the run directory, the disk, signals."""
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -153,13 +154,11 @@ def _on_tmpfs(options: str, fill: bool = False, **over):
 
 
 def _fill(path: Path) -> None:
-    with open(path, "wb") as f:
-        try:
-            while True:
-                f.write(b"\0" * 65536)
-                f.flush()
-        except OSError:
-            pass
+    """Write zeros into `path` until the file system refuses: full is the point, so that OSError is the end."""
+    with contextlib.suppress(OSError), open(path, "wb") as f:
+        while True:
+            f.write(b"\0" * 65536)
+            f.flush()
 
 
 def _last_pt_truncated(work: Work) -> list[str]:

@@ -20,7 +20,7 @@ from .model_parallel import sharding_problem
 from .models import build_model
 from .replica import MeshLayout
 from .weights.common import FormatError
-from .weights.hub import PUBLISHED, cache_dir, fetch, url_of
+from .weights.hub import resolve, to_fetch
 from .weights.start import starting_checkpoint
 
 # Keys a checkpoint and the current config must agree on to resume (the model's shape and the data).
@@ -64,19 +64,17 @@ def check_run(cfg: Config, world: int, dry: bool = False) -> dict:
                         f"({layout.global_batch} = {layout.reader_world} x {layout.reader_batch}); lower "
                         "train.batch_size or parallel.replicas")
     _check_free_space(cfg, classes, _checkpoint_bytes(full))
-    if not dry and start_value(cfg) in PUBLISHED:  # fetched once here, with its bar, before any replica starts
-        try:
-            fetch(cfg.run.resume_from, progress=cfg.run.progress)
+    if not dry and cfg.run.resume_from and not _own_checkpoints(cfg):
+        try:  # a published set is fetched once here, with its bar, before any replica starts
+            resolve(cfg.run.resume_from, progress=cfg.run.progress)
         except FormatError as e:
             raise DataError(f"run.resume_from: {e}") from None
     return meta
 
 
-def start_value(cfg: Config) -> str | None:
-    """run.resume_from where it applies: set, and run.dir holding no checkpoint of its own to resume."""
-    if not cfg.run.resume_from or CheckpointDir(Path(cfg.run.dir) / "checkpoints", cfg.run.keep_last).exists():
-        return None
-    return cfg.run.resume_from
+def _own_checkpoints(cfg: Config) -> list[Path]:
+    """run.dir's checkpoints, newest first: where a run resumes (run.resume_from is then not read)."""
+    return CheckpointDir(Path(cfg.run.dir) / "checkpoints", cfg.run.keep_last).candidates()
 
 
 def load_start(cfg: Config, progress: bool) -> tuple[dict, Path]:
@@ -91,15 +89,14 @@ def load_start(cfg: Config, progress: bool) -> tuple[dict, Path]:
 def describe_start(cfg: Config, meta: dict, global_batch: int) -> str:
     """A dry run's words on where the run starts: run.dir's newest checkpoint, or run.resume_from checked as
     a start checks it ("" for a fresh start); a published set not fetched yet is not fetched."""
-    own = CheckpointDir(Path(cfg.run.dir) / "checkpoints", cfg.run.keep_last).candidates()
+    own = _own_checkpoints(cfg)
     if own:
         return f"; would resume from {own[0]} (run.dir's newest checkpoint; run.resume_from is not read)"
-    value = start_value(cfg)
-    if value is None:
+    if not cfg.run.resume_from:
         return ""
-    if value in PUBLISHED and not Path(value).exists() and not (cache_dir() / PUBLISHED[value].file).is_file():
-        entry = PUBLISHED[value]
-        return f"; run.resume_from={value}: would fetch {url_of(entry)} into {cache_dir() / entry.file}"
+    fetched = to_fetch(cfg.run.resume_from)
+    if fetched:
+        return f"; run.resume_from={cfg.run.resume_from}: would fetch {fetched[0]} into {fetched[1]}"
     state, path = load_start(cfg, progress=False)
     changes = check_resume(cfg, meta, state, path, global_batch)
     what = "the weights of " if state.get("source", {}).get("weights_only") else ""

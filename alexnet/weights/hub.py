@@ -101,13 +101,20 @@ def resolve(value: str | os.PathLike, progress: bool = True, timeout: float = 30
     return fetch(str(value), progress, timeout)
 
 
+def to_fetch(value: str | os.PathLike) -> tuple[str, Path] | None:
+    """(URL, destination) of what resolve(`value`) would download; None where it would not (a path that
+    exists, a set already cached, or not a name at all)."""
+    if Path(value).exists() or str(value) not in PUBLISHED:
+        return None
+    entry = PUBLISHED[str(value)]
+    dest = cache_dir() / entry.file
+    return None if dest.is_file() else (url_of(entry), dest)
+
+
 def fetch(name: str, progress: bool = True, timeout: float = 30.0) -> Path:
     """The checked file of PUBLISHED[name] in cache_dir(), downloaded (or resumed) if not there yet."""
     entry = PUBLISHED[name]
     dest = cache_dir() / entry.file
-    if dest.is_file():
-        _check(dest, entry, url_of(entry), cached=True)
-        return dest
     dest.parent.mkdir(parents=True, exist_ok=True)
     # One process at a time (replicas, two tools at once): the others wait, then find the file fetched.
     with waiting_lock(dest.parent):

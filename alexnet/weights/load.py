@@ -56,12 +56,14 @@ def _file_format(path: str | os.PathLike, contents: Contents) -> FileFormat:
 
 
 def load_weights(path: str | os.PathLike, arch: str | None = None, width: float | None = None, *,
-                 epoch: int | None = None, theano_conv: str | None = None) -> tuple[nn.Module, dict]:
+                 epoch: int | None = None, theano_conv: str | None = None,
+                 loaded: dict | None = None) -> tuple[nn.Module, dict]:
     """The model (eval mode, CPU) and its info dict for weights in any of FORMATS, or named in hub.PUBLISHED.
 
     info: arch, width, crop, mean ("image" | "channel"), channel_mean, channel_std, num_classes,
     classes (list or None), source (the format); for a Theano folder also epoch and theano_conv.
     epoch, theano_conv: a Theano folder's epoch (default the highest) and convolution (default cudnn).
+    loaded: the file's contents where the caller has read them (torch.load of `path`), read again otherwise.
     Raises CheckpointError (not a weights file: damaged, code or objects in it, a zip bomb) or ValueError
     (readable, but not usable), naming `path`; the OSError of a file the system will not read (permission
     denied: every .pt goes through checkpoint.load, every .npy through common.load_npy).
@@ -73,6 +75,7 @@ def load_weights(path: str | os.PathLike, arch: str | None = None, width: float 
         return theano.read_folder(path, arch, width, epoch, theano_conv or "cudnn")
     if epoch is not None or theano_conv is not None:
         raise FormatError(f"{path} is a file: --epoch and --theano-conv apply to a Theano weights folder")
-    contents = functools.cache(lambda: load(path))  # weights_only=True: never runs code from the file
+    # weights_only=True: never runs code from the file; `loaded`: what a caller read of it already
+    contents = functools.cache(lambda: load(path) if loaded is None else loaded)
     model, info = _file_format(path, contents).read(path, contents, arch, width)
     return model.eval(), info

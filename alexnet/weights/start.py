@@ -17,7 +17,7 @@ from torch import nn
 from layers import Dropout
 
 from ..checkpoint import CHECKPOINT_KIND, load
-from ..config import Config, ConfigError
+from ..config import Config, ConfigError, get
 from .caffe import is_caffemodel
 from .common import FormatError
 from .hub import PUBLISHED, resolve
@@ -35,11 +35,12 @@ def starting_checkpoint(value: str, cfg: Config, progress: bool) -> tuple[dict, 
     if path.is_dir():
         raise FormatError(f"{path} is a folder; a Theano folder becomes a checkpoint with scripts/convert_weights.py "
                           f"{path} FILE.pt --momentum (then run.resume_from=FILE.pt)")
+    state = None
     if not is_caffemodel(path):  # a protobuf is never handed to torch.load
         state = load(path)
         if state.get("kind") == CHECKPOINT_KIND:
             return state, path
-    model, info = load_weights(path)
+    model, info = load_weights(path, loaded=state)  # the file is read once
     return weights_checkpoint(model, info, value, path, cfg), path
 
 
@@ -56,7 +57,7 @@ def weights_checkpoint(model: nn.Module, info: dict, value: str, path: Path, cfg
              "data.crop": cfg.data.crop if info["arch"] == "owt" else info["crop"],  # owt: an adaptive pool
              "data.mean": info["mean"]}
     start = copy.deepcopy(cfg)
-    ours = {key: _get(start, key) for key in FIXED_BY_WEIGHTS}
+    ours = {key: get(start, key) for key in FIXED_BY_WEIGHTS}
     wrong = [f"{key}={fixed[key]}" for key in FIXED_BY_WEIGHTS if fixed[key] != ours[key]]
     if wrong:
         named = f"{value} ({path})" if value in PUBLISHED else str(path)
@@ -73,8 +74,3 @@ def _dropout_style(model: nn.Module) -> str:
     """The style the weights were trained with, as load_weights built their dropout layers (Theano's
     folders: theano; torchvision's and Caffe's: inverted; our files: their config's). Every arch has them."""
     return next(m.style for m in model.modules() if isinstance(m, Dropout))
-
-
-def _get(cfg: Config, key: str):
-    section, name = key.split(".")
-    return getattr(getattr(cfg, section), name)

@@ -284,3 +284,17 @@ def test_a_file_put_in_the_cache_while_waiting_for_the_lock_is_checked_too(serve
     message = str(errors[0])
     assert message.startswith(f"{dest} (in the cache: delete it to fetch it again): sha256")
     assert f"download {url}/good/tiny-file.bin" in message and files.log == []
+
+
+def test_to_fetch_names_what_resolve_would_download_and_nothing_else(tmp_path, monkeypatch, published):
+    monkeypatch.chdir(tmp_path)
+    entry = published("tiny", b"x", "http://127.0.0.1:9")
+    dest = hub.cache_dir() / entry.file
+    assert hub.to_fetch("tiny") == ("http://127.0.0.1:9/tiny-file.bin", dest)
+    assert hub.to_fetch("nothing") is None and hub.to_fetch(tmp_path / "gone.pt") is None
+    Path("tiny").write_bytes(b"mine")  # a path that exists wins over the name, as in resolve
+    assert hub.to_fetch("tiny") is None
+    Path("tiny").unlink()
+    dest.parent.mkdir(parents=True)
+    dest.write_bytes(b"x")
+    assert hub.to_fetch("tiny") is None  # cached (resolve checks its digest, and fetches nothing)

@@ -18,7 +18,7 @@ from alexnet.weights.convert import training_checkpoint
 from alexnet.weights.load import load_weights
 from alexnet.weights.start import starting_checkpoint
 from tests.caffe_nets import SMALL, random_blobs, write_model
-from tests.conftest import tiny_overrides
+from tests.conftest import REPO, tiny_overrides
 
 OWT = {"model.arch": "owt", "data.mean": "channel"}
 STILL = {"train.lr": 1e-30, "train.epochs": 1, "data.loading": "inline"}  # steps below nearly every ulp
@@ -216,3 +216,18 @@ def test_a_dry_run_says_where_the_run_starts(train_data, tmp_path, capsys):
     assert train.main([*args, "--dry-run"]) == 0  # x.pt does not exist: it is not read
     assert (f"; would resume from {run / 'checkpoints' / 'last.pt'} (run.dir's newest checkpoint; "
             "run.resume_from is not read)") in capsys.readouterr().out
+
+
+def test_a_file_named_like_a_published_set_wins_over_the_name(server, published, train_data, tmp_path,
+                                                              monkeypatch):
+    """As for every --weights: the launcher fetches nothing (the server has nothing: a fetch would fail)."""
+    expected = _owt_file(tmp_path / "torchvision")
+    url, files = server
+    published("torchvision", b"other", f"{url}/good")
+    monkeypatch.chdir(tmp_path)
+    run = tmp_path / "run"
+    args = [str(REPO / "configs/demo.yaml"), *tiny_overrides(train_data, run, **OWT, **STILL),
+            "run.resume_from=torchvision"]
+    assert train.main(args) == 0
+    assert files.log == []
+    _same(load(run / "checkpoints" / "last.pt")["model"], expected, MOVED)

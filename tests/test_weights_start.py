@@ -231,3 +231,21 @@ def test_a_file_named_like_a_published_set_wins_over_the_name(server, published,
     assert train.main(args) == 0
     assert files.log == []
     _same(load(run / "checkpoints" / "last.pt")["model"], expected, MOVED)
+
+
+def test_a_start_reads_its_file_once(tmp_path, monkeypatch):
+    """Every replica reads the start at start-up: a 233 MB file is not loaded twice to tell its format."""
+    import alexnet.checkpoint
+    import alexnet.weights.load
+    import alexnet.weights.start
+    _owt_file(tmp_path / "tv.pth")
+    real, paths = alexnet.checkpoint.load, []
+
+    def counted(path, *args, **kw):
+        paths.append(path)
+        return real(path, *args, **kw)
+    for module in (alexnet.weights.start, alexnet.weights.load):
+        monkeypatch.setattr(module, "load", counted)
+    starting_checkpoint(str(tmp_path / "tv.pth"), _cfg(model__arch="owt", data__mean="channel",
+                                                       model__width=0.125), progress=False)
+    assert paths == [tmp_path / "tv.pth"]

@@ -2,7 +2,9 @@
 data.fsutil.commit (checked over the source), whose test hook numbers each moment at run time (before and
 after each rename); the tool is killed with SIGKILL at a moment drawn per run (seeded, the seed printed;
 ALEXNET_WRITE_POINTS=all: every moment), no process of it survives, and the same command again gives the
-uninterrupted run's output with no temporary left (tests/write_points.py says how).
+uninterrupted run's output with no temporary left (tests/write_points.py says how). Two runs of one
+command on one output: the first held at a drawn moment while the second runs whole, then let go; each
+finishes or is refused in one line, and they leave one run's output (one tool per suite run, drawn).
 
 A new write (a new commit call) is a new moment without an edit here; a new user script must be listed
 below as walked or as writing nothing to resume (test_every_script_is_walked_or_declared)."""
@@ -20,7 +22,15 @@ import pytest
 
 from tests import figure_runs
 from tests.conftest import REPO, tiny_overrides
-from tests.write_points import differences, run_tool, snapshot, temporaries, written_in_place, written_outside
+from tests.write_points import (
+    differences,
+    run_inside,
+    run_tool,
+    snapshot,
+    temporaries,
+    written_in_place,
+    written_outside,
+)
 
 # Its tests start processes (the tools): not in make test-fast (pytest.ini).
 pytestmark = pytest.mark.processes
@@ -179,26 +189,40 @@ def test_the_rename_check_finds_a_planted_rename(tmp_path):
         "os.replace(a, b)", "Path(a).replace(b)", "shutil.move(a, b)", "Path(a).rename(b)"]
 
 
-@pytest.mark.parametrize("tool", TOOLS)
-def test_killed_at_a_write_point_the_tool_reruns_to_the_same_output(tool, cases, tmp_path):
-    """The uninterrupted run and each killed one write to the same path (outputs may hold their own path,
-    a cache key made of it, a plot legend with the folder's name)."""
-    case, out = cases[tool], tmp_path / "out"
+_UNINTERRUPTED: dict[str, tuple[int, dict]] = {}
+
+
+def uninterrupted(tool: str, case: Case, work: Path) -> tuple[int, dict]:
+    """The tool's write moments and output, run once without a stop (in `work`/out; kept for the
+    module's other tests of the tool): it writes only through commit, and only into its output."""
+    if tool in _UNINTERRUPTED:
+        return _UNINTERRUPTED[tool]
+    out = work / "out"
     case.fresh(out)
-    done = run_tool(case.argv(out), tmp_path)
+    done = run_tool(case.argv(out), work)
     assert done.rc == 0, done.output[-3000:]
     moments = len(done.trace)
     assert moments >= 2 and moments % 2 == 0, done.trace  # a rename is two moments: before and after
     assert done.opened, "the write audit recorded nothing: tests/write_audit/sitecustomize.py did not load"
     in_place = written_in_place(done.opened, out, IN_PLACE)
     assert not in_place, f"{tool} wrote these under their final names, not through commit: {in_place}"
-    outside = written_outside(done.opened, out, (str(tmp_path / "trace-"),))
+    outside = written_outside(done.opened, out, (str(work / "trace-"),))
     assert not outside, f"{tool} wrote outside its output {out}: {outside}"
-    want = snapshot(out, case.ignore)
     print(f"{tool}: {moments} moments ({moments // 2} renames)")
+    _UNINTERRUPTED[tool] = moments, snapshot(out, case.ignore)
+    shutil.rmtree(out)
+    return _UNINTERRUPTED[tool]
+
+
+@pytest.mark.parametrize("tool", TOOLS)
+def test_killed_at_a_write_point_the_tool_reruns_to_the_same_output(tool, cases, tmp_path):
+    """The uninterrupted run and each killed one write to the same path (outputs may hold their own path,
+    a cache key made of it, a plot legend with the folder's name)."""
+    case, out = cases[tool], tmp_path / "out"
+    moments, want = uninterrupted(tool, case, tmp_path)
     rng = random.Random(f"{SEED}-{tool}")
     for k in (range(1, moments + 1) if EVERY else [rng.randint(1, moments)]):
-        shutil.rmtree(out)
+        shutil.rmtree(out, ignore_errors=True)
         case.fresh(out)
         killed = run_tool(case.argv(out), tmp_path, pause_at=k)
         assert killed.rc == -9, killed.output[-2000:]
@@ -208,3 +232,35 @@ def test_killed_at_a_write_point_the_tool_reruns_to_the_same_output(tool, cases,
         assert not temporaries(out), f"{where}; left: {temporaries(out)}"
         diff = differences(snapshot(out, case.ignore), want)
         assert not diff, f"{where}; the rerun's output differs from the uninterrupted run's: {diff}"
+
+
+
+def _refused_in_one_line(run) -> bool:
+    lines = [ln for ln in run.output.splitlines() if ln.strip()]
+    return run.rc not in (0, None) and len(lines) == 1 and "Traceback" not in run.output
+
+
+# One tool per suite run (drawn with the seed; ALEXNET_WRITE_POINTS=all: each tool at each of its moments)
+INSIDE = TOOLS if EVERY else [random.Random(f"{SEED}-inside").choice(TOOLS)]
+
+
+@pytest.mark.parametrize("tool", INSIDE)
+def test_a_second_run_inside_a_write_point_of_the_first_leaves_one_runs_output(tool, cases, tmp_path):
+    """Two runs of one command on one output (sent twice, two jobs of a batch scheduler): the first is held
+    at a write moment (drawn per run) while the second runs whole, then goes on. Each finishes, or is
+    refused in one line; what they leave is what one run leaves, and no temporary."""
+    case, out = cases[tool], tmp_path / "out"
+    moments, want = uninterrupted(tool, case, tmp_path)
+    rng = random.Random(f"{SEED}-inside-{tool}")
+    for k in (range(1, moments + 1) if EVERY else [rng.randint(1, moments)]):
+        shutil.rmtree(out, ignore_errors=True)
+        case.fresh(out)
+        first, second = run_inside(case.argv(out), tmp_path, k)
+        where = f"{tool}, the second run inside moment {k} of {moments} of the first ({first.trace[k - 1][2]} " \
+                f"{first.trace[k - 1][3]})"
+        for name, r in (("first", first), ("second", second)):
+            assert r.rc == 0 or _refused_in_one_line(r), f"{where}: the {name} exited {r.rc}: {r.output[-3000:]}"
+        assert 0 in (first.rc, second.rc), f"{where}: neither finished: {first.output[-1500:]}{second.output[-1500:]}"
+        assert not temporaries(out), f"{where}; left: {temporaries(out)}"
+        diff = differences(snapshot(out, case.ignore), want)
+        assert not diff, f"{where}: the two left another output than one run: {diff}"

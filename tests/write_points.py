@@ -122,10 +122,22 @@ def written_outside(opened: list[str], out: Path, allowed: tuple[str, ...]) -> l
             and not os.path.isdir(path)]
 
 
-def run_tool(argv: list[str], work: Path, pause_at: int | None = None, timeout: float = 600) -> Run:
-    """Run `argv` (a repository script and its arguments) with the write trace on; with `pause_at`, kill
-    its top process with SIGKILL once the tree reaches that moment, and require that no process of it
-    outlives it."""
+@dataclass
+class _Started:
+    proc: subprocess.Popen
+    trace: Path
+    audit: Path
+    log: Path
+    token: str
+
+    def result(self) -> Run:
+        return Run(self.proc.returncode, self.log.read_text(errors="replace"), read_trace(self.trace),
+                   read_opened(self.audit))
+
+
+def _start(argv: list[str], work: Path, pause_at: int | None = None) -> _Started:
+    """Start `argv` (a repository script and its arguments) with the write trace and the write audit on,
+    in a session of its own."""
     trace = work / f"trace-{uuid.uuid4().hex[:8]}.txt"
     token = uuid.uuid4().hex
     audit = trace.with_name(trace.stem + "-opened.txt")
@@ -138,21 +150,48 @@ def run_tool(argv: list[str], work: Path, pause_at: int | None = None, timeout: 
     with open(log, "w") as out:
         proc = subprocess.Popen([sys.executable, *argv], cwd=REPO, env=env, stdout=out, stderr=subprocess.STDOUT,
                                 start_new_session=True)
+    return _Started(proc, trace, audit, log, token)
+
+
+def _wait_for_moment(s: _Started, moment: int, deadline: float) -> None:
+    """Until the tree of `s` holds one of its threads at `moment` (its write trace says so)."""
+    while s.proc.poll() is None and time.monotonic() < deadline:
+        if any(r[0] == moment for r in read_trace(s.trace)):
+            return
+        time.sleep(0.02)
+    raise AssertionError(f"moment {moment} never came (exit {s.proc.poll()}): "
+                         f"{s.log.read_text(errors='replace')[-2000:]}")
+
+
+def run_inside(argv: list[str], work: Path, moment: int, timeout: float = 600) -> tuple[Run, Run]:
+    """Run `argv` held at its write moment `moment`; meanwhile run the same command again, whole; then let
+    the first go on. Both runs, the held one first."""
+    s = _start(argv, work, moment)
+    deadline = time.monotonic() + timeout
+    try:
+        _wait_for_moment(s, moment, deadline)
+        second = run_tool(argv, work, timeout=max(deadline - time.monotonic(), 1))
+        Path(f"{s.trace}.go").touch()
+        s.proc.wait(timeout=max(deadline - time.monotonic(), 1))
+        return s.result(), second
+    finally:
+        if s.proc.poll() is None:
+            os.killpg(s.proc.pid, signal.SIGKILL)
+            s.proc.wait()
+
+
+def run_tool(argv: list[str], work: Path, pause_at: int | None = None, timeout: float = 600) -> Run:
+    """Run `argv` (a repository script and its arguments) with the write trace on; with `pause_at`, kill
+    its top process with SIGKILL once the tree reaches that moment, and require that no process of it
+    outlives it."""
+    s = _start(argv, work, pause_at)
+    proc, trace, token = s.proc, s.trace, s.token
     deadline = time.monotonic() + timeout
     try:
         if pause_at is None:
             proc.wait(timeout=timeout)
-            return Run(proc.returncode, log.read_text(errors="replace"), read_trace(trace), read_opened(audit))
-        paused = None
-        while paused is None and proc.poll() is None and time.monotonic() < deadline:
-            rows = [r for r in read_trace(trace) if r[0] == pause_at]
-            if rows:
-                paused = rows[0][1]  # its thread waits in the hook, right at the moment
-            else:
-                time.sleep(0.02)
-        if paused is None:
-            raise AssertionError(f"moment {pause_at} never came (exit {proc.poll()}): "
-                                 f"{log.read_text(errors='replace')[-2000:]}")
+            return s.result()
+        _wait_for_moment(s, pause_at, deadline)
         os.kill(proc.pid, signal.SIGKILL)
         proc.wait()
         Path(f"{trace}.go").touch()  # the hold was the test's: a child held there goes on as it would
@@ -166,7 +205,7 @@ def run_tool(argv: list[str], work: Path, pause_at: int | None = None, timeout: 
                     os.kill(p, signal.SIGKILL)
             raise AssertionError(f"{len(left)} process(es) outlived the tool's top process by {GONE_S:.0f} s: "
                                  f"{listing}")
-        return Run(proc.returncode, log.read_text(errors="replace"), read_trace(trace), read_opened(audit))
+        return s.result()
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)

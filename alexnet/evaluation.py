@@ -128,7 +128,7 @@ def prepare(weights: str | os.PathLike, root: str | os.PathLike, split: str = "v
     if caffe_mean:
         image = caffe_channel_mean(data.image_size)
         print(f"{prog}: note: subtracting Caffe's per-channel mean (B, G, R) = {CAFFE_CHANNEL_MEAN_BGR}; pass "
-              "--mean imagenet_mean.binaryproto (BVLC's mean image) for BVLC's published numbers", file=sys.stderr)
+              "--mean ilsvrc_2012_mean (BVLC's mean image, fetched once) for BVLC's published numbers", file=sys.stderr)
     if image is None and info["source"] == "theano":
         print(f"{prog}: warning: {weights} was trained with its run's own mean image (img_mean.npy); "
               f"subtracting {root}'s mean.npy instead; pass --mean img_mean.npy for the paper's numbers",

@@ -19,10 +19,10 @@ The Theano reproduction's weights (a folder of W_0_65.npy ... files; data prepro
     python scripts/evaluate.py --data imagenet256_warp --weights parameters_releasing --mean img_mean.npy
 
 BVLC's Caffe models, bvlc_alexnet.caffemodel or bvlc_reference_caffenet.caffemodel (arch from the layer
-order, Caffe's LRN, crop 227; Caffe's BGR order is taken care of; BVLC's mean file, or without --mean
+order, Caffe's LRN, crop 227; Caffe's BGR order is taken care of; BVLC's mean image by name, or without --mean
 Caffe's per-channel mean (B, G, R) = (104, 117, 123); data preprocessed with `--resize caffe --size 256`):
 
-    python scripts/evaluate.py --data imagenet256_caffe --weights bvlc_alexnet --mean imagenet_mean.binaryproto
+    python scripts/evaluate.py --data imagenet256_caffe --weights bvlc_alexnet --mean ilsvrc_2012_mean
 
 Exit codes: 0 done, 2 bad input (missing, damaged or unreadable files, weights that do not fit the data or
 hold NaN/inf, an unwritable --json/--csv), 1 a failure of the machine (disk full), 130 Ctrl-C (nothing
@@ -44,7 +44,7 @@ from alexnet.cli import guarded, positive, protect_streams  # noqa: E402
 from alexnet.distributed import pick_device  # noqa: E402
 from alexnet.evaluation import PRECISIONS, evaluate, prepare  # noqa: E402
 from alexnet.models import ARCHS  # noqa: E402
-from alexnet.weights.hub import NAME_HELP, WEIGHTS  # noqa: E402
+from alexnet.weights.hub import MEAN_FILE, MEAN_HELP, NAME_HELP, WEIGHTS  # noqa: E402
 from alexnet.weights.theano_layout import THEANO_CONVS  # noqa: E402
 from data.batchfile import atomic_write_json  # noqa: E402
 from data.domains import DEVICE, OUTPUT_FILE, InputPath, OneLineParser  # noqa: E402
@@ -66,10 +66,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--epoch", type=positive, help="Theano folder: the epoch to load (default: the highest)")
     p.add_argument("--theano-conv", choices=THEANO_CONVS, help="Theano folder: the run's lib_conv (default cudnn, "
                    "as the released weights: kernels are flipped; cudaconvnet: not flipped)")
-    p.add_argument("--mean", type=InputPath("file"),
+    p.add_argument("--mean", type=MEAN_FILE,
                    help="a mean image .npy, (3, S, S) as Theano's img_mean.npy or (S, S, 3), or a Caffe "
                    ".binaryproto (BGR, e.g. imagenet_mean.binaryproto), subtracted instead of the data's mean.npy "
-                   "(weights normalised by a mean image only)")
+                   "(weights normalised by a mean image only)" + MEAN_HELP)
     p.add_argument("--crops", type=int, choices=(1, 10), default=1, help="1: center crop; 10: corners+center, "
                    "plain and mirrored, probabilities averaged (default 1)")
     p.add_argument("--json", type=OUTPUT_FILE, help="write the results as JSON to this file")

@@ -36,7 +36,7 @@ from alexnet.distributed import pick_device  # noqa: E402
 from alexnet.evaluation import prepare  # noqa: E402
 from alexnet.figures.make import FIGURES, FigureOptions, make_figures  # noqa: E402
 from alexnet.models import ARCHS  # noqa: E402
-from alexnet.weights.hub import NAME_HELP, WEIGHTS, resolve  # noqa: E402
+from alexnet.weights.hub import MEAN_FILE, MEAN_HELP, NAME_HELP, WEIGHTS, resolve  # noqa: E402
 from alexnet.weights.theano_layout import THEANO_CONVS  # noqa: E402
 from data.domains import DEVICE, NON_NEGATIVE, InputPath, OneLineParser, OutputPath, text  # noqa: E402
 
@@ -58,8 +58,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--arch", choices=ARCHS, help="needed only for plain alexnet/caffenet state dicts")
     p.add_argument("--epoch", type=positive, help="Theano folder: the epoch to load (default: the highest)")
     p.add_argument("--theano-conv", choices=THEANO_CONVS, help="Theano folder: the run's lib_conv")
-    p.add_argument("--mean", type=InputPath("file"),
-                   help="a mean image file subtracted instead of the data's mean.npy (as evaluate.py)")
+    p.add_argument("--mean", type=MEAN_FILE,
+                   help="a mean image file subtracted instead of the data's mean.npy (as evaluate.py)" + MEAN_HELP)
     p.add_argument("--only", nargs="+", choices=FIGURES, default=list(FIGURES), help="draw only these figures")
     p.add_argument("--n-images", type=positive, default=8, help="predictions: validation images (default 8)")
     p.add_argument("--images", nargs="+", metavar="IMAGE", type=text("an index or a name"),

@@ -37,7 +37,7 @@ from alexnet.cli import OneLineParser, guarded, positive, protect_streams  # noq
 from alexnet.evaluation import load_weights, predict_log_probs  # noqa: E402
 from alexnet.models import ARCHS  # noqa: E402
 from alexnet.weights.geometry import expected_geometry  # noqa: E402
-from alexnet.weights.hub import NAME_HELP, WEIGHTS, resolve  # noqa: E402
+from alexnet.weights.hub import MEAN_FILE, MEAN_HELP, NAME_HELP, WEIGHTS, resolve  # noqa: E402
 from data.augment import Normalizer  # noqa: E402
 from data.batchfile import atomic_write_json  # noqa: E402
 from data.classnames import read_class_names  # noqa: E402
@@ -67,8 +67,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--arch", choices=ARCHS, help="needed only for plain alexnet/caffenet state dicts")
     p.add_argument("--epoch", type=NON_NEGATIVE, help="Theano folder: the epoch to load (default: the highest)")
     p.add_argument("--theano-conv", choices=("cudnn", "cudaconvnet"), help="Theano folder: its lib_conv")
-    p.add_argument("--mean", type=InputPath("file"),
-                   help="a mean image .npy, (3, S, S) or (S, S, 3), for weights normalised by a mean image")
+    p.add_argument("--mean", type=MEAN_FILE, help="a mean image .npy, (3, S, S) or (S, S, 3), or a Caffe "
+                   ".binaryproto (BGR), for weights normalised by a mean image" + MEAN_HELP)
     p.add_argument("--size", type=positive, help="decoded side (default: --data's image size, else 256)")
     p.add_argument("--resize", choices=RESIZE_MODES, help="default: --data's mode, else warp for Theano weights "
                    "and short for the rest")

@@ -299,9 +299,10 @@ def published(tmp_path, monkeypatch):
     monkeypatch.setenv("TORCH_HOME", str(tmp_path / "torch_home"))
     monkeypatch.delenv(hub.MIRROR_ENV, raising=False)
 
-    def add(name: str, body: bytes, url: str, algorithm: str = "sha256") -> hub.Published:
+    def add(name: str, body: bytes, url: str, algorithm: str = "sha256", table: str = "PUBLISHED") -> hub.Published:
+        """`table`: hub.PUBLISHED (weights) or hub.MEANS (mean images)."""
         entry = hub.Published(f"{name}-file.bin", f"{url}/{name}-file.bin",
                               f"{algorithm}:{hashlib.new(algorithm, body).hexdigest()}", "a test file")
-        monkeypatch.setitem(hub.PUBLISHED, name, entry)
+        monkeypatch.setitem(getattr(hub, table), name, entry)
         return entry
     return add

@@ -298,3 +298,62 @@ def test_to_fetch_names_what_resolve_would_download_and_nothing_else(tmp_path, m
     dest.parent.mkdir(parents=True)
     dest.write_bytes(b"x")
     assert hub.to_fetch("tiny") is None  # cached (resolve checks its digest, and fetches nothing)
+
+
+# -- mean images by name (--mean ilsvrc_2012_mean) -------------------------------------------------------------
+
+def test_the_published_means_are_pinned_at_a_commit_by_a_full_sha256():
+    """A branch's file may change: the URL names a commit (40 hex digits) and the whole SHA-256 is checked."""
+    assert hub.MEANS and not hub.MEANS.keys() & hub.PUBLISHED.keys()
+    for name, entry in hub.MEANS.items():
+        assert entry.url.rsplit("/", 1)[1] == entry.file, name
+        commit = entry.url.split("/BVLC/caffe/", 1)[1].split("/", 1)[0]
+        assert len(commit) == 40 and int(commit, 16) >= 0, entry.url
+        assert entry.algorithm == "sha256" and len(entry.expected) == 64 and int(entry.expected, 16) >= 0, name
+
+
+def test_a_mean_by_name_is_fetched_once_and_read_as_caffe_bgr_planes(server, published, tmp_path):
+    """Caffe's ilsvrc_2012_mean.npy holds BGR planes (3, S, S) in float64: served by name, it gives the same
+    RGB image as the same planes written as a .binaryproto, and pixel (i, j) is (R, G, B) by hand."""
+    import io
+
+    import numpy as np
+
+    from alexnet.weights.mean_image import read_mean_image
+    from tests.caffe_nets import blob
+    rng = np.random.default_rng(3)
+    bgr = rng.uniform(90, 135, size=(3, 8, 8))  # float64, as Caffe's file
+    buf = io.BytesIO()
+    np.save(buf, bgr)
+    url, files = server
+    files.files["tinymean-file.bin"] = buf.getvalue()
+    published("tinymean", buf.getvalue(), f"{url}/good", table="MEANS")
+    proto = tmp_path / "mean.binaryproto"
+    proto.write_bytes(blob(bgr.astype(np.float32)[None], legacy=True))
+    got = read_mean_image("tinymean", 8, progress=False)
+    assert got.shape == (8, 8, 3) and got.dtype == np.float32
+    np.testing.assert_array_equal(got, read_mean_image(proto, 8))
+    assert tuple(got[2, 5]) == tuple(np.float32(bgr[c, 2, 5]) for c in (2, 1, 0))
+    files.files.clear()  # cached: not asked again
+    np.testing.assert_array_equal(read_mean_image("tinymean", 8, progress=False), got)
+    assert len(files.log) == 1
+    with pytest.raises(FormatError, match=r"tinymean-file\.bin: Caffe's mean image of shape \(3, 8, 8\), not "
+                                          r"\(3, 6, 6\) as the 6x6 images"):
+        read_mean_image("tinymean", 6)
+
+
+def test_a_wrong_mean_is_refused_and_a_misspelt_name_names_the_published_means(server, published, tmp_path,
+                                                                               monkeypatch, capsys):
+    from alexnet.weights.mean_image import read_mean_image
+    url, files = server
+    files.files["tinymean-file.bin"] = b"\x93NUMPY not the file"
+    published("tinymean", b"the published bytes", f"{url}/good", table="MEANS")
+    with pytest.raises(FormatError, match=r"does not start with the published"):
+        read_mean_image("tinymean", 8, progress=False)
+    assert not list(hub.cache_dir().glob("tinymean*"))  # never kept, never used
+    monkeypatch.chdir(tmp_path)
+    evaluate = load_script("evaluate").main
+    with pytest.raises(SystemExit) as e:
+        evaluate(["--data", str(tmp_path), "--weights", "torchvision", "--mean", "ilsvrc_2021_mean"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert e.value.code == 2 and len(err) == 1 and "--mean" in err[0] and "ilsvrc_2012_mean" in err[0], err

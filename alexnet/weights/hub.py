@@ -12,7 +12,8 @@ the file by hand (offline machines, too). ``ALEXNET_WEIGHTS_MIRROR=URL`` fetches
 the authors' URL (a cluster's own mirror); the digest is checked all the same.
 
 The digests are those the authors publish: torchvision names its files by the first 8 hex digits of their
-SHA-256 and checks that prefix (``check_hash``); BVLC's model readmes give each caffemodel's SHA-1.
+SHA-256 and checks that prefix (``check_hash``); BVLC's model readmes give each caffemodel's SHA-1. Mean
+images by name (``--mean ilsvrc_2012_mean``: MEANS) come the same way.
 """
 from __future__ import annotations
 
@@ -59,20 +60,38 @@ PUBLISHED: dict[str, Published] = {
     "bvlc_alexnet": Published(
         "bvlc_alexnet.caffemodel", "http://dl.caffe.berkeleyvision.org/bvlc_alexnet.caffemodel",
         "sha1:9116a64c0fbe4459d18f4bb6b56d647b63920377",
-        "BVLC's AlexNet (arch alexnet; --resize caffe data, --mean imagenet_mean.binaryproto)"),
+        "BVLC's AlexNet (arch alexnet; --resize caffe data, --mean ilsvrc_2012_mean)"),
     "bvlc_reference_caffenet": Published(
         "bvlc_reference_caffenet.caffemodel",
         "http://dl.caffe.berkeleyvision.org/bvlc_reference_caffenet.caffemodel",
         "sha1:4c8d77deb20ea792f84eb5e6d0a11ca0a8660a46",
-        "BVLC's CaffeNet (arch caffenet; --resize caffe data, --mean imagenet_mean.binaryproto)"),
+        "BVLC's CaffeNet (arch caffenet; --resize caffe data, --mean ilsvrc_2012_mean)"),
 }
 
+
+# Mean images by name (--mean of evaluate, predict, figures), fetched and checked like the weights. BVLC's
+# mean is served by no URL of its own with a digest; Caffe's repository holds it as an .npy, the
+# binaryproto's mean in its dimensions (commit 47ec9ace, "make python wrapper mean match binaryproto
+# dimensions", unchanged since; git blob 666082c6): pinned at a commit, checked by that file's SHA-256.
+MEANS: dict[str, Published] = {
+    "ilsvrc_2012_mean": Published(
+        "ilsvrc_2012_mean.npy",
+        "https://raw.githubusercontent.com/BVLC/caffe/9b891540183ddc834a02b2bd81b31afae71b2153/"
+        "python/caffe/imagenet/ilsvrc_2012_mean.npy",
+        "sha256:97eefba7e046ee097121ad18564329636d2f9c153b748c7313653cae8594a149",
+        "BVLC's ILSVRC 2012 mean image (256x256, BGR; imagenet_mean.binaryproto's mean): the --mean of "
+        "bvlc_alexnet and bvlc_reference_caffenet"),
+}
+assert not PUBLISHED.keys() & MEANS.keys()
 
 # The end of every --weights help: what a name fetches.
 NAME_HELP = (f"; or a published set by name, fetched once into torch's hub cache and checked: {', '.join(PUBLISHED)}"
              f" (docs/evaluation.md)")
 # The argparse type of every argument that reads weights: an existing file or folder, or one of these names.
 WEIGHTS = InputPath("either", names=tuple(PUBLISHED), names_are="a published weight set")
+# ... and of every --mean: a mean image file, or a name of MEANS.
+MEAN_FILE = InputPath("file", names=tuple(MEANS), names_are="a published mean image")
+MEAN_HELP = f"; or a published mean by name, fetched once into torch's hub cache and checked: {', '.join(MEANS)}"
 
 
 class DownloadError(OSError):
@@ -86,34 +105,40 @@ def cache_dir() -> Path:
     return Path(torch.hub.get_dir()) / "checkpoints"
 
 
-def names() -> str:
-    return ", ".join(PUBLISHED)
+def names(table: dict[str, Published] | None = None) -> str:
+    return ", ".join(PUBLISHED if table is None else table)
 
 
-def resolve(value: str | os.PathLike, progress: bool = True, timeout: float = 30.0) -> Path:
+def resolve(value: str | os.PathLike, progress: bool = True, timeout: float = 30.0,
+            table: dict[str, Published] | None = None) -> Path:
     """The path of `value`: itself where it exists (a file or folder), else the cached or freshly fetched file
-    of the weight set it names. A bare word that is neither is refused naming the published sets."""
+    of the entry of `table` (PUBLISHED, or MEANS) it names. A bare word that is neither is refused naming
+    the table's entries."""
+    table = PUBLISHED if table is None else table
     path = Path(value)
-    if path.exists() or str(value) not in PUBLISHED:
+    if path.exists() or str(value) not in table:
         if not path.exists() and os.sep not in str(value) and "." not in str(value):
-            raise FormatError(f"{value}: no such file or folder, and not a published weight set ({names()})")
+            what = "weight set" if table is PUBLISHED else "mean image"
+            raise FormatError(f"{value}: no such file or folder, and not a published {what} ({names(table)})")
         return path
     return fetch(str(value), progress, timeout)
 
 
-def to_fetch(value: str | os.PathLike) -> tuple[str, Path] | None:
-    """(URL, destination) of what resolve(`value`) would download; None where it would not (a path that
-    exists, a set already cached, or not a name at all)."""
-    if Path(value).exists() or str(value) not in PUBLISHED:
+def to_fetch(value: str | os.PathLike, table: dict[str, Published] | None = None) -> tuple[str, Path] | None:
+    """(URL, destination) of what resolve(`value`, table=`table`) would download; None where it would not (a
+    path that exists, an entry already cached, or not a name at all)."""
+    table = PUBLISHED if table is None else table
+    if Path(value).exists() or str(value) not in table:
         return None
-    entry = PUBLISHED[str(value)]
+    entry = table[str(value)]
     dest = cache_dir() / entry.file
     return None if dest.is_file() else (url_of(entry), dest)
 
 
 def fetch(name: str, progress: bool = True, timeout: float = 30.0) -> Path:
-    """The checked file of PUBLISHED[name] in cache_dir(), downloaded (or resumed) if not there yet."""
-    entry = PUBLISHED[name]
+    """The checked file of PUBLISHED[name] (or MEANS[name]) in cache_dir(), downloaded (or resumed) if not
+    there yet."""
+    entry = PUBLISHED[name] if name in PUBLISHED else MEANS[name]
     dest = cache_dir() / entry.file
     dest.parent.mkdir(parents=True, exist_ok=True)
     # One process at a time (replicas, two tools at once): the others wait, then find the file fetched.

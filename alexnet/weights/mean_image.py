@@ -12,15 +12,19 @@ import numpy as np
 
 from .caffe_proto import read_blobproto
 from .common import FormatError, load_npy
+from .hub import MEANS, resolve
 
 # Caffe's ImageNet mean per channel, in Caffe's BGR order: what BVLC's examples subtract without a mean file.
 CAFFE_CHANNEL_MEAN_BGR = (104.0, 117.0, 123.0)
 _NPY_MAGIC = b"\x93NUMPY"
 
 
-def read_mean_image(path: str | os.PathLike, size: int) -> np.ndarray:
+def read_mean_image(path: str | os.PathLike, size: int, progress: bool = True) -> np.ndarray:
     """A mean image file as float32 size x size x 3 (RGB): from an .npy of (3, S, S) (Theano's img_mean) or
-    (S, S, 3), or from a Caffe .binaryproto of (1, 3, S, S) or (3, S, S) in BGR order."""
+    (S, S, 3), or from a Caffe .binaryproto of (1, 3, S, S) or (3, S, S) in BGR order; or a published mean
+    by name (hub.MEANS: Caffe's (3, S, S) BGR .npy), fetched once with a progress bar if `progress`."""
+    if not Path(path).exists() and str(path) in MEANS:
+        return _caffe_npy(resolve(str(path), progress, table=MEANS), size)
     path = Path(path)
     if not _is_npy(path):
         return _read_binaryproto(path, size)
@@ -58,3 +62,12 @@ def _read_binaryproto(path: Path, size: int) -> np.ndarray:
     if not np.isfinite(blob).all():
         raise FormatError(f"{path}: holds NaN or infinite values")
     return np.ascontiguousarray(blob.reshape(3, size, size)[::-1].transpose(1, 2, 0))  # BGR planes -> RGB pixels
+
+
+def _caffe_npy(path: Path, size: int) -> np.ndarray:
+    """Caffe's python mean (ilsvrc_2012_mean.npy): BGR planes, (3, S, S)."""
+    mean = load_npy(path)
+    if mean.shape != (3, size, size):
+        raise FormatError(f"{path}: Caffe's mean image of shape {mean.shape}, not (3, {size}, {size}) as the "
+                          f"{size}x{size} images")
+    return np.ascontiguousarray(mean[::-1].transpose(1, 2, 0), dtype=np.float32)  # BGR planes -> RGB pixels

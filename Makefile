@@ -116,7 +116,7 @@ MUTATE_PARALLEL = alexnet.replica.* alexnet.exchange.* alexnet.large_batch.* ale
 	alexnet.launch.x?Heartbeat?* alexnet.launch.x_report_gave_up* alexnet.launch.x__how* \
 	alexnet.launch.x?Launcher?_[!_]*
 # Added by issues 33 and 34: the declared option domains, published weights by name.
-MUTATE_INPUTS = data.domains.* alexnet.weights.hub.* alexnet.weights.start.* data.fsutil.x_commit* data.fsutil.x__write_point* data.fsutil.x_temp_path*
+MUTATE_INPUTS = data.domains.* alexnet.weights.hub.* alexnet.weights.start.* alexnet.weights.mean_image.* data.fsutil.x_commit* data.fsutil.x__write_point* data.fsutil.x_temp_path*
 MUTMUT = $(PYTHON) -c 'from mutmut.__main__ import cli; cli()'
 # The parallel code's set alone (issue 32; docs/MUTANTS.md has its results and time).
 mutants-parallel:

@@ -37,6 +37,8 @@ def check_run_dir(run_dir: str | os.PathLike) -> None:
     path = Path(run_dir)
     if path.resolve() == Path(path.anchor or "/").resolve():
         raise ConfigError(f"run.dir={run_dir} is the file system's root: name a folder of its own for this run")
+    if path.exists() and not path.is_dir():
+        raise ConfigError(f"run.dir={run_dir} is not a folder (a file, a device or a pipe): name a folder for this run")
     if not path.is_dir() or any((path / name).exists() for name in RUN_FILES):
         return
     others = sorted(p.name for p in path.iterdir())

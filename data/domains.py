@@ -98,6 +98,14 @@ def _named_path(text: str) -> Path:
     return Path(text).expanduser()
 
 
+def _refuse_special(path: Path, text: str) -> None:
+    """A path that exists (through its links) but is neither a regular file nor a folder: a pipe blocks its
+    reader until a writer comes, a device (/dev/null, /dev/stdout) would be renamed over by an atomic write."""
+    if path.exists() and not (path.is_file() or path.is_dir()):
+        raise argparse.ArgumentTypeError(f"{text} is not a regular file or folder (a device, pipe or socket); "
+                                         "give a file name")
+
+
 class InputPath:
     """An argparse type for what a tool reads: an existing, readable `file`, `folder`, or `either`. `names`:
     words taken as they are (the published weight sets, fetched by name), described by `names_are`.
@@ -117,6 +125,7 @@ class InputPath:
         if not path.exists():
             also = f", and is not {self.names_are} ({', '.join(self.names)})" if self.names else ""
             raise argparse.ArgumentTypeError(f"{text} does not exist{also}")
+        _refuse_special(path, text)
         if self.kind == "file" and path.is_dir():
             raise argparse.ArgumentTypeError(f"{text} is a folder; give a file")
         if self.kind == "folder" and not path.is_dir():
@@ -165,6 +174,7 @@ class OutputPath:
         path = _named_path(text)
         if path.resolve() == Path(path.anchor or "/").resolve() and path.is_absolute():
             raise argparse.ArgumentTypeError(f"must not be the root folder {text}")
+        _refuse_special(path, text)
         if self.kind == "file" and path.is_dir():
             raise argparse.ArgumentTypeError(f"{text} is a folder; give a file name (in it, for example)")
         if self.kind == "folder" and path.exists() and not path.is_dir():

@@ -98,7 +98,12 @@ def _bad_outputs(kind: str, tmp: Path) -> dict[str, str]:
     a_file.write_text("x")
     foreign.mkdir(exist_ok=True)
     (foreign / "mine.txt").write_text("not the tool's")
-    bad = {"": "empty", "/": "root folder", str(a_file / "x"): "is a file, so"}
+    pipe = tmp / "a_pipe"
+    if not pipe.exists():
+        os.mkfifo(pipe)
+    # a pipe blocks its reader for ever; a device would be renamed over (as root, /dev/null itself)
+    bad = {"": "empty", "/": "root folder", str(a_file / "x"): "is a file, so", str(pipe): "not a regular file",
+           "/dev/null": "not a regular file"}
     if kind == "file":
         bad[str(tmp)] = "is a folder"
         bad["."] = "is a folder"
@@ -167,7 +172,11 @@ def _bad_inputs(kind: InputPath | AnyOf | Domain, tmp: Path) -> dict[str, str]:
     a_file, a_folder = tmp / "a_file", tmp / "a_folder"
     a_file.write_text("x")
     a_folder.mkdir(exist_ok=True)
-    bad = {"": "empty", str(tmp / "missing"): "does not exist", str(a_file / "child"): "does not exist"}
+    pipe = tmp / "a_pipe"
+    if not pipe.exists():
+        os.mkfifo(pipe)
+    bad = {"": "empty", str(tmp / "missing"): "does not exist", str(a_file / "child"): "does not exist",
+           str(pipe): "not a regular file", "/dev/zero": "not a regular file"}  # a pipe blocks its reader for ever
     if kind.kind == "file":
         bad[str(a_folder)] = "is a folder; give a file"
     if kind.kind == "folder":

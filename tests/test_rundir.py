@@ -2,6 +2,7 @@
 config.yaml with its earlier versions kept."""
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 
@@ -80,6 +81,9 @@ def _tree(folder):
     ("/", "is the file system's root"),
     (".", "(the working directory) holds files that are not a training run's ('config.yaml' and 1 more)"),
     ("mine", "holds files that are not a training run's ('notes.txt')"),
+    ("config.yaml", "run.dir=config.yaml is not a folder (a file, a device or a pipe)"),
+    ("a_pipe", "run.dir=a_pipe is not a folder"),
+    ("/dev/null", "run.dir=/dev/null is not a folder"),
 ])
 def test_train_refuses_a_run_dir_that_is_not_a_runs_and_writes_nothing(tmp_path, monkeypatch, capsys, where, words):
     """run.dir= (empty) trained into the working directory, beside the user's files, and kept the user's own
@@ -89,6 +93,8 @@ def test_train_refuses_a_run_dir_that_is_not_a_runs_and_writes_nothing(tmp_path,
     (tmp_path / "config.yaml").write_text("the user's own\n")
     (tmp_path / "mine").mkdir()
     (tmp_path / "mine" / "notes.txt").write_text("keep\n")
+    if where == "a_pipe":
+        os.mkfifo(tmp_path / "a_pipe")
     before = _tree(tmp_path)
     code = train.main([str(REPO / "configs" / "demo.yaml"), f"run.dir={where}", "data.root=/nonexistent"])
     err = capsys.readouterr().err.strip()

@@ -29,7 +29,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
 KINDS = {"silent": "silent wrong result", "lost": "lost work", "traceback": "traceback, not one line",
-         "misleading": "misleading failure", "accepted": "good input accepted"}
+         "misleading": "misleading failure", "accepted": "good input accepted", "hang": "hangs, no answer"}
 TRACEBACK = "Traceback (most recent call last)"
 READ_ONLY = "read-only file system"  # the reason as the tools word it (data.fsutil), not Python's "[Errno 30] ..."
 # What every training case shares: the demo config at the tiniest size, one epoch, no loader process.

@@ -274,4 +274,22 @@ CASES = [
     Case("train-dry-run-no-data", "lost", "train.py --dry-run with data.root missing", 2,
          ("{w}/none",), lambda w: [*tr(w, data=w.w / "none"), "--dry-run"],
          lambda w: None if not (w.w / "run").exists() else "a dry run wrote run/"),
+    # 7. issue 33: a pipe or a device where a file is read or written
+    Case("convert-weights-from-a-pipe", "hang", "convert_weights.py reading a named pipe nobody writes", 2,
+         ("{w}/weights.pt", "not a regular file"), lambda w: cv(_pipe(w), w.w / "out.pt"), timeout=60),
+    Case("train-resume-from-a-pipe", "hang", "run.resume_from naming a named pipe nobody writes", 2,
+         ("run.resume_from", "{w}/weights.pt", "not a regular file"),
+         lambda w: tr(w, run__resume_from=str(_pipe(w))), no_checkpoint, timeout=60),
+    Case("evaluate-json-to-a-pipe", "lost", "--json naming a named pipe (the atomic write would replace it)", 2,
+         ("--json", "not a regular file"), lambda w: ev(w, "--json", _pipe(w, "out.json")),
+         lambda w: None if (w.w / "out.json").is_fifo() else "the pipe was replaced"),
+    Case("train-run-dir-a-device", "misleading", "run.dir=/dev/null (said only 'File exists')", 2,
+         ("run.dir=/dev/null", "not a folder"), lambda w: tr(w, run=Path("/dev/null"))),
 ]
+
+
+def _pipe(work: Work, name: str = "weights.pt") -> Path:
+    import os
+    path = work.w / name
+    os.mkfifo(path)
+    return path

@@ -9,6 +9,8 @@ Every failure is one DataError naming the file and what is wrong.
 """
 from __future__ import annotations
 
+import hashlib
+import io
 import json
 import os
 import re
@@ -21,6 +23,7 @@ from .batchfile import READABLE_VERSIONS, BatchFileError, open_batch_file, place
 from .layouts import DataError
 from .text import shown
 
+_SHA256 = re.compile(r"^[0-9a-f]{64}$")
 _PLAIN_NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]*$")  # a file or split name: no path, no "..", no dotfile
 
 
@@ -64,6 +67,8 @@ class _Schema:
             raise DataError(f"{self.path}: num_classes is {meta['num_classes']} but classes lists {len(classes)}")
         self.int_at_least(meta.get("image_size"), 1, "image_size")
         self.name(meta.get("mean", "mean.npy"), "mean")
+        if "mean_sha256" in meta and not (isinstance(meta["mean_sha256"], str) and _SHA256.match(meta["mean_sha256"])):
+            raise self.fail("mean_sha256", "the mean image's SHA-256 (64 hex digits)", meta["mean_sha256"])
         if "dataset" in meta:
             self.of_type(meta["dataset"], str, "dataset", "the output's identity, a string")
         splits = self.of_type(meta.get("splits"), dict, "splits", "an object of splits")
@@ -122,12 +127,19 @@ def npy_error(e: Exception) -> str:
     return text.splitlines()[0][:200] if text else type(e).__name__
 
 
-def read_mean(path: str | os.PathLike, size: int) -> np.ndarray:
-    """A mean image .npy (size x size x 3, finite), as float32; DataError naming the file otherwise."""
+def read_mean(path: str | os.PathLike, size: int, sha256: str | None = None) -> np.ndarray:
+    """A mean image .npy (size x size x 3, finite), as float32; DataError naming the file otherwise, and
+    where `sha256` (meta.json's mean_sha256) is given, unless the file's bytes have that digest."""
     try:
-        mean = np.load(path, allow_pickle=False)
+        raw = Path(path).read_bytes()
     except OSError as e:
         raise DataError(f"{path}: cannot read the mean image ({e.strerror or e})") from None
+    if sha256 is not None and hashlib.sha256(raw).hexdigest() != sha256:
+        raise DataError(f"{path}: not this output's mean image (its SHA-256 is not meta.json's mean_sha256): "
+                        "a file of another preprocessing output, or changed since; run scripts/preprocess.py "
+                        "again to remake it")
+    try:
+        mean = np.load(io.BytesIO(raw), allow_pickle=False)
     except (ValueError, EOFError) as e:
         raise DataError(f"{path}: cannot read the mean image ({npy_error(e)})") from None
     if mean.shape != (size, size, 3) or mean.dtype.kind not in "fiu":
@@ -158,7 +170,7 @@ def check_files(root: str | os.PathLike, meta: dict, splits: tuple[str, ...], me
     for path, split, index, count in listed:
         _check_place(path, split, index, count, size, classes, meta.get("dataset"))
     if mean:
-        read_mean(root / meta.get("mean", "mean.npy"), size)
+        read_mean(root / meta.get("mean", "mean.npy"), size, meta.get("mean_sha256"))
 
 
 def _check_batch_file(path: Path, count: int, size: int, seen: dict[tuple[int, int], Path]) -> None:

@@ -411,7 +411,8 @@ def _finalize(out: Path, opts: Options, src: Sources, tasks: list[Task], run_inf
     # The oldest format present: what the reader's upgrade notice and scripts/upgrade_data.py go by.
     meta = {"format_version": min(versions), "classes": src.classes, "num_classes": len(src.classes),
             "image_size": opts.size, "resize": opts.resize, "per_file": opts.per_file, "seed": opts.seed,
-            "splits": meta_splits, "mean": "mean.npy"}
+            "splits": meta_splits, "mean": "mean.npy",
+            "mean_sha256": hashlib.sha256(buf.getvalue()).hexdigest()}  # ties mean.npy to this output
     if dataset is not None:  # every file records it: a file of another output is refused where it is read
         meta["dataset"] = dataset
     if src.class_names is not None:

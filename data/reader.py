@@ -99,7 +99,7 @@ class SplitData:
 
     def mean_image(self) -> np.ndarray:
         """The training mean image (float32, H x W x 3) written beside meta.json."""
-        return read_mean(self.root / self.meta.get("mean", "mean.npy"), self.image_size)
+        return read_mean(self.root / self.meta.get("mean", "mean.npy"), self.image_size, self.meta.get("mean_sha256"))
 
     def _check_process(self) -> None:
         if self._pid != os.getpid():  # forked: the parent's handles and threads are not ours

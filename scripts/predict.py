@@ -120,7 +120,7 @@ def _normalizer(info: dict, meta: dict | None, root: Path | None, mean_file: str
         raise ValueError("these weights subtract their training set's mean image: pass --data DIR (its mean.npy) "
                          "or --mean FILE")
     # finite and of the data's shape: the check train.py and evaluate.py make (NaN would print "nan %")
-    mean = read_mean(root / meta.get("mean", "mean.npy"), meta["image_size"])
+    mean = read_mean(root / meta.get("mean", "mean.npy"), meta["image_size"], meta.get("mean_sha256"))
     if mean.shape != (size, size, 3):
         raise ValueError(f"{root}'s mean image is {mean.shape}, the images are decoded at {size}x{size}")
     return Normalizer("image", mean, device=device)

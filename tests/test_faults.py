@@ -34,6 +34,7 @@ from data.batchfile import write_batch_file
 from data.fsutil import exclusive_dir, remove_stale_temps
 from data.layouts import DataError
 from tests.conftest import load_script, run_script, tiny_overrides
+from tools.faultcheck.core import restamp_mean
 
 # Its tests start processes (train.py, tools, groups): not in make test-fast (pytest.ini).
 pytestmark = pytest.mark.processes
@@ -310,10 +311,13 @@ DAMAGE = {
                                  "train/00001.h5: image 2 has label 4, but meta.json lists 4 classes (labels 0 to 3"),
     "a negative label": (lambda root: _labels_past_the_classes(root, "val", 0, -1),
                          "val/00000.h5: image 2 has label -1, but meta.json lists 4 classes"),
-    "a mean of another shape": (lambda root: np.save(root / "mean.npy", np.zeros((64, 64, 3), np.float32)),
+    "a mean of another shape": (lambda root: restamp_mean(root, np.zeros((64, 64, 3), np.float32)),
                                 "mean.npy: float32 (64, 64, 3), expected numbers of shape (72, 72, 3)"),
-    "a mean holding NaN": (lambda root: np.save(root / "mean.npy", np.full((72, 72, 3), np.nan, np.float32)),
+    "a mean holding NaN": (lambda root: restamp_mean(root, np.full((72, 72, 3), np.nan, np.float32)),
                            "mean.npy: the mean image holds NaN or inf"),
+    "the mean of another output": (lambda root: np.save(root / "mean.npy", np.full((72, 72, 3), 120, np.float32)),
+                                   "mean.npy: not this output's mean image (its SHA-256 is not meta.json's "
+                                   "mean_sha256)"),
 }
 
 

@@ -30,6 +30,7 @@ from alexnet.weights.load import load_weights
 from data.batchfile import BatchFileError, atomic_write_bytes, open_batch_file
 from tests import children
 from tests.conftest import REPO, run_script, tiny_overrides
+from tools.faultcheck.core import restamp_mean
 from tools.faultcheck.tool_cases import SLOW_EVAL as FAULT_TABLE_SLOW_EVAL
 
 # Its tests start processes (train.py, tools, groups): not in make test-fast (pytest.ini).
@@ -331,10 +332,14 @@ def test_predict_refuses_a_nan_mean(train_data, synth, caffenet_weights, tmp_pat
     assert r.returncode == 0 and "nan" not in r.stdout and " %  " in r.stdout  # the intact mean: probabilities
     mean = np.load(data / "mean.npy")
     mean[3, 4, 1] = np.nan
-    np.save(data / "mean.npy", mean)
+    restamp_mean(data, mean)
     r = run_script(*base)
     assert r.returncode == 2 and r.stdout == ""
     assert _one_line(r.stderr) == f"predict.py: error: {data / 'mean.npy'}: the mean image holds NaN or inf"
+    np.save(data / "mean.npy", np.full_like(mean, 117.0))  # another output's mean, finite: not this output's
+    r = run_script(*base)
+    assert r.returncode == 2 and r.stdout == ""
+    assert _one_line(r.stderr).startswith(f"predict.py: error: {data / 'mean.npy'}: not this output's mean image")
 
 
 @pytest.mark.parametrize("meta, says", [

@@ -15,6 +15,7 @@ from PIL import Image
 
 from data.batchfile import BatchFileError, read_batch_file, read_file_attrs
 from data.decode import load_image
+from data.layouts import DataError
 from data.preprocess import Options, preprocess
 from data.procs import child_pids
 from tests import children
@@ -119,6 +120,35 @@ def test_mean_equals_numpy_mean(prep):
     mean = np.load(out / "mean.npy")
     assert mean.dtype == np.float32 and mean.shape == (64, 64, 3)
     np.testing.assert_allclose(mean, images.astype(np.float64).mean(axis=0), rtol=0, atol=1e-4)
+
+
+def test_the_mean_is_tied_to_its_output_by_its_digest(prep, tmp_path, capsys):
+    """meta.json records mean.npy's SHA-256 (hashlib by hand here): the mean of another output of the same
+    image size (it gave another error rate, exit 0) is refused where it is read, naming the file; the same
+    array saved again is the same file."""
+    import hashlib
+
+    from data.meta import check_files, read_meta
+    from data.reader import SplitData
+    out = tmp_path / "data"
+    shutil.copytree(prep[0], out)
+    meta = read_meta(out)
+    assert meta["mean_sha256"] == hashlib.sha256((out / "mean.npy").read_bytes()).hexdigest()
+    mine = np.load(out / "mean.npy")
+    np.save(out / "mean.npy", mine)
+    check_files(out, meta, ("train", "val"))
+    np.testing.assert_array_equal(SplitData(out, "val").mean_image(), mine)
+    np.save(out / "mean.npy", np.full_like(mine, 117.0))  # another output's mean: valid, of the same shape
+    words = f"{out / 'mean.npy'}: not this output's mean image (its SHA-256 is not meta.json's mean_sha256)"
+    for read in (lambda: check_files(out, meta, ("val",)), lambda: SplitData(out, "val").mean_image()):
+        with pytest.raises(DataError) as e:
+            read()
+        assert str(e.value).startswith(words)
+    check_files(out, meta, ("val",), mean=False)  # a run that normalises per channel does not read it
+    for bad in ("", "0" * 63, "G" * 64, 5):
+        (out / "meta.json").write_text(json.dumps({**meta, "mean_sha256": bad}))
+        with pytest.raises(DataError, match="mean_sha256 must be the mean image's SHA-256 \\(64 hex digits\\)"):
+            read_meta(out)
 
 
 @pytest.mark.processes

@@ -268,3 +268,19 @@ def judge(case: Case, code: int | None, out: str, err: str, problem: str | None,
 
 def read_json(path: Path):
     return json.loads(path.read_text())
+
+
+def restamp_mean(root: Path, array) -> None:
+    """`array` as `root`'s mean.npy with its digest in meta.json: a mean the output's own preprocess got wrong
+    (NaN, another shape), which the checks after the digest must catch."""
+    import hashlib
+    import io
+    import json
+
+    import numpy as np
+    buf = io.BytesIO()
+    np.save(buf, array)
+    (root / "mean.npy").write_bytes(buf.getvalue())
+    meta = json.loads((root / "meta.json").read_text())
+    meta["mean_sha256"] = hashlib.sha256(buf.getvalue()).hexdigest()
+    (root / "meta.json").write_text(json.dumps(meta))

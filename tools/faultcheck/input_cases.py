@@ -9,7 +9,7 @@ import subprocess
 import zipfile
 from pathlib import Path
 
-from .core import Case, Work, inject, must, wait_for
+from .core import Case, Work, inject, must, restamp_mean, wait_for
 from .preprocess_cases import nothing_written, pp
 from .tool_cases import SLOW_EVAL, caffenet, cv, ev, image, last, pr
 from .train_cases import no_checkpoint, no_temporaries, tr
@@ -69,7 +69,7 @@ def _nan_mean(work: Work) -> list[str]:
     data = _data(work)
     mean = np.load(data / "mean.npy")
     mean[3, 4, 1] = np.nan
-    np.save(data / "mean.npy", mean)
+    restamp_mean(data, mean)
     return _predict_on(work, data)
 
 

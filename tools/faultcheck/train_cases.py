@@ -11,7 +11,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .core import READ_ONLY, REPO, Case, Work, environment, inject, must, train_args, wait_for
+from .core import READ_ONLY, REPO, Case, Work, environment, inject, must, restamp_mean, train_args, wait_for
 
 FILE = "00001.h5"  # a training batch file of the shared data (16 images)
 
@@ -109,7 +109,7 @@ def _flip_a_pixel(data: Path) -> None:
 
 def _mean(array):
     def damage(data: Path) -> None:
-        np.save(data / "mean.npy", array)
+        restamp_mean(data, array)
     return damage
 
 

@@ -218,4 +218,11 @@ CASES = [
          ("written",), _replaced_val_tar, _same_as_reference, line="images written"),
     Case("identity-tar-replaced-index-forged", "silent", "the same, the index's fingerprint forged to match", 2,
          ("{w}/val.tar", "changed since it was indexed", "sources_index.json"), _forged_index, _train_files_kept),
+    Case("identity-mean-of-another-output", "silent", "mean.npy replaced by another output's of the same size", 2,
+         ("{w}/data/mean.npy", "not this output's mean image"), lambda w: ev(w, data=_damaged(w, _other_mean))),
 ]
+
+
+def _other_mean(data: Path) -> None:
+    import numpy as np
+    np.save(data / "mean.npy", np.full((72, 72, 3), 117.0, np.float32))  # valid, finite, the same shape

@@ -16,6 +16,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import NoReturn
 
+from .fsutil import SPECIAL, is_special
+
 
 class Domain:
     """An argparse type: `convert` the text, then require `ok(value)`; `refused`: texts it must refuse."""
@@ -99,11 +101,10 @@ def _named_path(text: str) -> Path:
 
 
 def _refuse_special(path: Path, text: str) -> None:
-    """A path that exists (through its links) but is neither a regular file nor a folder: a pipe blocks its
-    reader until a writer comes, a device (/dev/null, /dev/stdout) would be renamed over by an atomic write."""
-    if path.exists() and not (path.is_file() or path.is_dir()):
-        raise argparse.ArgumentTypeError(f"{text} is not a regular file or folder (a device, pipe or socket); "
-                                         "give a file name")
+    """A pipe blocks its reader until a writer comes; a device (/dev/null, /dev/stdout) would be renamed over
+    by an atomic write."""
+    if is_special(path):
+        raise argparse.ArgumentTypeError(f"{text} is {SPECIAL}; give a file name")
 
 
 class InputPath:

@@ -204,6 +204,16 @@ def waiting_lock(folder: str | os.PathLike) -> Iterator[None]:
         os.close(fd)
 
 
+def is_special(path: str | os.PathLike) -> bool:
+    """Whether `path` exists (through its links) as neither a regular file nor a folder: a pipe, which blocks
+    its reader until a writer comes, a device or a socket; never read or written as a tool's file."""
+    path = Path(path)
+    return path.exists() and not (path.is_file() or path.is_dir())
+
+
+SPECIAL = "not a regular file or folder (a device, pipe or socket)"  # what a refusal of such a path says
+
+
 def check_writable(path: str | os.PathLike) -> None:
     """Raise OSError now if a file cannot be written at `path` later (its folder is created if missing)."""
     path = Path(path)

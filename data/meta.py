@@ -20,6 +20,7 @@ from typing import Any
 import numpy as np
 
 from .batchfile import READABLE_VERSIONS, BatchFileError, open_batch_file, place_index
+from .fsutil import SPECIAL, is_special
 from .layouts import DataError
 from .text import shown
 
@@ -97,6 +98,8 @@ def read_meta(root: str | os.PathLike) -> dict:
     if not root.is_dir():
         raise DataError(f"data root {root} does not exist (set data.root to a preprocessed folder)")
     path = root / "meta.json"
+    if is_special(path):
+        raise DataError(f"{path}: {SPECIAL}")
     if not path.is_file():
         raise DataError(f"{root} is not a finished preprocessing output: {path} is missing "
                         "(run scripts/preprocess.py, or re-run it to finish)")
@@ -130,6 +133,8 @@ def npy_error(e: Exception) -> str:
 def read_mean(path: str | os.PathLike, size: int, sha256: str | None = None) -> np.ndarray:
     """A mean image .npy (size x size x 3, finite), as float32; DataError naming the file otherwise, and
     where `sha256` (meta.json's mean_sha256) is given, unless the file's bytes have that digest."""
+    if is_special(path):
+        raise DataError(f"{path}: {SPECIAL}")
     try:
         raw = Path(path).read_bytes()
     except OSError as e:

@@ -306,3 +306,29 @@ def published(tmp_path, monkeypatch):
         monkeypatch.setitem(getattr(hub, table), name, entry)
         return entry
     return add
+
+
+@contextlib.contextmanager
+def pipe_nobody_writes(path: Path):
+    """A named pipe at `path` for the block; yields a list that gets an entry if anything opens it for
+    reading (it is then fed nothing and closed, so that the reader ends: a failure, not a hang)."""
+    import threading
+    os.mkfifo(path)
+    opened, done = [], threading.Event()
+
+    def writer():
+        while not done.is_set():
+            try:
+                fd = os.open(path, os.O_WRONLY | os.O_NONBLOCK)  # ENXIO while nobody reads it
+            except OSError:
+                done.wait(0.01)
+                continue
+            opened.append(True)
+            os.close(fd)
+    thread = threading.Thread(target=writer, daemon=True)
+    thread.start()
+    try:
+        yield opened
+    finally:
+        done.set()
+        thread.join()

@@ -19,7 +19,7 @@ from data.layouts import DataError
 from data.preprocess import Options, preprocess
 from data.procs import child_pids
 from tests import children
-from tests.conftest import REPO, run_script
+from tests.conftest import REPO, pipe_nobody_writes, run_script
 
 
 def all_files(out: Path, split: str) -> list[tuple[np.ndarray, np.ndarray, list[str]]]:
@@ -149,6 +149,21 @@ def test_the_mean_is_tied_to_its_output_by_its_digest(prep, tmp_path, capsys):
         (out / "meta.json").write_text(json.dumps({**meta, "mean_sha256": bad}))
         with pytest.raises(DataError, match="mean_sha256 must be the mean image's SHA-256 \\(64 hex digits\\)"):
             read_meta(out)
+
+
+@pytest.mark.parametrize("name", ["meta.json", "mean.npy"])
+def test_a_pipe_in_place_of_meta_or_mean_is_refused_not_read(prep, tmp_path, name):
+    """A named pipe blocks its reader until a writer comes: mean.npy as one hung evaluate.py for ever, and
+    meta.json as one was reported missing. Refused naming it, unopened."""
+    from data.meta import check_files, read_meta
+    out = tmp_path / "data"
+    shutil.copytree(prep[0], out)
+    (out / name).unlink()
+    with pipe_nobody_writes(out / name) as opened:
+        with pytest.raises(DataError) as e:
+            check_files(out, read_meta(out), ("val",)) if name == "mean.npy" else read_meta(out)
+    assert str(e.value) == f"{out / name}: not a regular file or folder (a device, pipe or socket)"
+    assert not opened
 
 
 @pytest.mark.processes

@@ -18,7 +18,7 @@ from alexnet.weights.convert import training_checkpoint
 from alexnet.weights.load import load_weights
 from alexnet.weights.start import starting_checkpoint
 from tests.caffe_nets import SMALL, random_blobs, write_model
-from tests.conftest import REPO, tiny_overrides
+from tests.conftest import REPO, pipe_nobody_writes, tiny_overrides
 
 OWT = {"model.arch": "owt", "data.mean": "channel"}
 STILL = {"train.lr": 1e-30, "train.epochs": 1, "data.loading": "inline"}  # steps below nearly every ulp
@@ -130,33 +130,14 @@ def test_a_dry_run_checks_the_start_and_fetches_nothing(server, published, train
 def test_a_pipe_or_a_device_to_start_from_is_refused_not_read(train_data, tmp_path, capsys, dry):
     """A named pipe blocks its reader until a writer comes: run.resume_from naming one hung train.py (and its
     dry run) for ever. Refused in one line before it is opened, as a device is."""
-    import os
-    import threading
     pipe = tmp_path / "weights.pt"
-    os.mkfifo(pipe)
-    opened, done = [], threading.Event()
-
-    def writer():  # if the pipe is opened for reading after all, feed it and close it: a failure, not a hang
-        while not done.is_set():
-            try:
-                fd = os.open(pipe, os.O_WRONLY | os.O_NONBLOCK)  # ENXIO while nobody reads it
-            except OSError:
-                done.wait(0.01)
-                continue
-            opened.append(True)
-            os.close(fd)
-    thread = threading.Thread(target=writer, daemon=True)
-    thread.start()
-    try:
+    with pipe_nobody_writes(pipe) as opened:
         for source in (pipe, "/dev/zero"):
             args = ["configs/demo.yaml", *tiny_overrides(train_data, tmp_path / "run"), f"run.resume_from={source}"]
             assert train.main(args + ["--dry-run"] * dry) == 2
             err = capsys.readouterr().err.strip().splitlines()
             assert err == [f"train.py: error: run.resume_from: {source}: not a regular file or folder (a device, "
                            "pipe or socket)"], err
-    finally:
-        done.set()
-        thread.join()
     assert not opened, "the pipe was opened for reading"
 
 

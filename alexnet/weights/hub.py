@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from data.domains import InputPath
-from data.fsutil import commit, waiting_lock
+from data.fsutil import SPECIAL, commit, is_special, waiting_lock
 
 from .common import FormatError
 
@@ -116,8 +116,8 @@ def resolve(value: str | os.PathLike, progress: bool = True, timeout: float = 30
     the table's entries."""
     table = PUBLISHED if table is None else table
     path = Path(value)
-    if path.exists() and not (path.is_file() or path.is_dir()):  # a pipe would block the reader for ever
-        raise FormatError(f"{value}: not a regular file or folder (a device, pipe or socket)")
+    if is_special(path):  # a pipe would block the reader for ever
+        raise FormatError(f"{value}: {SPECIAL}")
     if path.exists() or str(value) not in table:
         if not path.exists() and os.sep not in str(value) and "." not in str(value):
             what = "weight set" if table is PUBLISHED else "mean image"

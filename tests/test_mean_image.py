@@ -11,7 +11,9 @@ import pytest
 
 from alexnet.weights.common import FormatError
 from alexnet.weights.mean_image import CAFFE_CHANNEL_MEAN_BGR, caffe_channel_mean, read_mean_image
+from data.fsutil import SPECIAL
 from tests.caffe_nets import blob
+from tests.conftest import pipe_nobody_writes
 
 S = 5
 PLANES = np.random.default_rng(7).uniform(80, 140, size=(3, S, S)).astype(np.float32)  # planes[c, y, x]
@@ -103,6 +105,10 @@ def test_every_refusal_names_the_file_and_what_was_expected(tmp_path):
     nan_proto.write_bytes(blob(np.full((1, 3, S, S), np.inf, np.float32), legacy=True))
     assert refused(nan_proto) == f"{nan_proto}: holds NaN or infinite values"
     assert refused(tmp_path / "none.npy") == f"{tmp_path / 'none.npy'}: missing"
+    assert refused(tmp_path) == f"{tmp_path}: cannot be read (Is a directory)"  # the OS's words
+    with pipe_nobody_writes(tmp_path / "pipe.npy") as opened:
+        assert refused(tmp_path / "pipe.npy") == f"{tmp_path / 'pipe.npy'}: {SPECIAL}"
+    assert not opened
     text = tmp_path / "notes.txt"
     text.write_text("not a mean\n")
     assert refused(text).startswith(f"{text}: not a Caffe BlobProto (.binaryproto)")

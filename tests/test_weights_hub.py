@@ -4,6 +4,7 @@ connection), checked against their digest, cached in $TORCH_HOME, resumed, never
 from __future__ import annotations
 
 import json
+import re
 import time
 from pathlib import Path
 
@@ -210,6 +211,14 @@ def test_the_messages_name_the_url_asked_and_where_the_file_goes_by_hand(server,
     assert "Connection refused" in str(e.value) and "<urlopen error" not in str(e.value)
     assert "download http://127.0.0.1:9/tiny-file.bin (its sha256" in str(e.value)
     assert "kept in" not in str(e.value)  # nothing came, so nothing is kept to resume
+    assert re.match(r"http://127\.0\.0\.1:9/tiny-file\.bin: [^;]*Connection refused; download http", str(e.value))
+    partial = dest.parent / (entry.file + ".partial")
+    partial.write_bytes(body[:100])  # an earlier try's part: kept, and said so
+    with pytest.raises(hub.DownloadError) as e:
+        hub.resolve("tiny", progress=False)
+    assert f"Connection refused; the part fetched is kept in {partial} and resumed next time; download " \
+        in str(e.value)
+    assert partial.read_bytes() == body[:100]
 
 
 def test_the_progress_bar_shows_the_file_and_its_size_on_stderr_only_when_asked(server, published, capsys):

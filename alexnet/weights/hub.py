@@ -105,34 +105,29 @@ def cache_dir() -> Path:
     return Path(torch.hub.get_dir()) / "checkpoints"
 
 
-def names(table: dict[str, Published] | None = None) -> str:
-    return ", ".join(PUBLISHED if table is None else table)
+def names() -> str:
+    return ", ".join(PUBLISHED)
 
 
-def resolve(value: str | os.PathLike, progress: bool = True, timeout: float = 30.0,
-            table: dict[str, Published] | None = None) -> Path:
+def resolve(value: str | os.PathLike, progress: bool = True, timeout: float = 30.0) -> Path:
     """The path of `value`: itself where it exists (a file or folder), else the cached or freshly fetched file
-    of the entry of `table` (PUBLISHED, or MEANS) it names. A bare word that is neither is refused naming
-    the table's entries."""
-    table = PUBLISHED if table is None else table
+    of the weight set it names. A bare word that is neither is refused naming the published sets."""
     path = Path(value)
     if is_special(path):  # a pipe would block the reader for ever
         raise FormatError(f"{value}: {SPECIAL}")
-    if path.exists() or str(value) not in table:
+    if path.exists() or str(value) not in PUBLISHED:
         if not path.exists() and os.sep not in str(value) and "." not in str(value):
-            what = "weight set" if table is PUBLISHED else "mean image"
-            raise FormatError(f"{value}: no such file or folder, and not a published {what} ({names(table)})")
+            raise FormatError(f"{value}: no such file or folder, and not a published weight set ({names()})")
         return path
     return fetch(str(value), progress, timeout)
 
 
-def to_fetch(value: str | os.PathLike, table: dict[str, Published] | None = None) -> tuple[str, Path] | None:
-    """(URL, destination) of what resolve(`value`, table=`table`) would download; None where it would not (a
-    path that exists, an entry already cached, or not a name at all)."""
-    table = PUBLISHED if table is None else table
-    if Path(value).exists() or str(value) not in table:
+def to_fetch(value: str | os.PathLike) -> tuple[str, Path] | None:
+    """(URL, destination) of what resolve(`value`) would download; None where it would not (a path that
+    exists, a set already cached, or not a name at all)."""
+    if Path(value).exists() or str(value) not in PUBLISHED:
         return None
-    entry = table[str(value)]
+    entry = PUBLISHED[str(value)]
     dest = cache_dir() / entry.file
     return None if dest.is_file() else (url_of(entry), dest)
 

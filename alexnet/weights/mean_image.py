@@ -10,9 +10,11 @@ from pathlib import Path
 
 import numpy as np
 
+from data.fsutil import SPECIAL, is_special
+
 from .caffe_proto import read_blobproto
 from .common import FormatError, load_npy
-from .hub import MEANS, resolve
+from .hub import MEANS, fetch
 
 # Caffe's ImageNet mean per channel, in Caffe's BGR order: what BVLC's examples subtract without a mean file.
 CAFFE_CHANNEL_MEAN_BGR = (104.0, 117.0, 123.0)
@@ -23,9 +25,11 @@ def read_mean_image(path: str | os.PathLike, size: int, progress: bool = True) -
     """A mean image file as float32 size x size x 3 (RGB): from an .npy of (3, S, S) (Theano's img_mean) or
     (S, S, 3), or from a Caffe .binaryproto of (1, 3, S, S) or (3, S, S) in BGR order; or a published mean
     by name (hub.MEANS: Caffe's (3, S, S) BGR .npy), fetched once with a progress bar if `progress`."""
-    if not Path(path).exists() and str(path) in MEANS:
-        return _caffe_npy(resolve(str(path), progress, table=MEANS), size)
+    if not Path(path).exists() and str(path) in MEANS:  # a misspelt name is refused by the parsers' MEAN_FILE
+        return _caffe_npy(fetch(str(path), progress), size)
     path = Path(path)
+    if is_special(path):  # a pipe would block the reader for ever
+        raise FormatError(f"{path}: {SPECIAL}")
     if not _is_npy(path):
         return _read_binaryproto(path, size)
     mean = load_npy(path)
@@ -70,4 +74,4 @@ def _caffe_npy(path: Path, size: int) -> np.ndarray:
     if mean.shape != (3, size, size):
         raise FormatError(f"{path}: Caffe's mean image of shape {mean.shape}, not (3, {size}, {size}) as the "
                           f"{size}x{size} images")
-    return np.ascontiguousarray(mean[::-1].transpose(1, 2, 0), dtype=np.float32)  # BGR planes -> RGB pixels
+    return np.ascontiguousarray(mean[::-1].transpose(1, 2, 0))  # BGR planes -> RGB pixels (load_npy: float32)

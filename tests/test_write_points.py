@@ -214,16 +214,24 @@ def uninterrupted(tool: str, case: Case, work: Path) -> tuple[int, dict]:
     return _UNINTERRUPTED[tool]
 
 
+def _each_moment(tool: str, case: Case, work: Path, salt: str = ""):
+    """(moment, the tool's moments, the uninterrupted output) for each moment this run tries (one drawn with
+    the seed, or all), the output folder `work`/out made fresh before each."""
+    out = work / "out"
+    moments, want = uninterrupted(tool, case, work)
+    rng = random.Random(f"{SEED}-{salt}{tool}")
+    for k in (range(1, moments + 1) if EVERY else [rng.randint(1, moments)]):
+        shutil.rmtree(out, ignore_errors=True)
+        case.fresh(out)
+        yield k, moments, want
+
+
 @pytest.mark.parametrize("tool", TOOLS)
 def test_killed_at_a_write_point_the_tool_reruns_to_the_same_output(tool, cases, tmp_path):
     """The uninterrupted run and each killed one write to the same path (outputs may hold their own path,
     a cache key made of it, a plot legend with the folder's name)."""
     case, out = cases[tool], tmp_path / "out"
-    moments, want = uninterrupted(tool, case, tmp_path)
-    rng = random.Random(f"{SEED}-{tool}")
-    for k in (range(1, moments + 1) if EVERY else [rng.randint(1, moments)]):
-        shutil.rmtree(out, ignore_errors=True)
-        case.fresh(out)
+    for k, moments, want in _each_moment(tool, case, tmp_path):
         killed = run_tool(case.argv(out), tmp_path, pause_at=k)
         assert killed.rc == -9, killed.output[-2000:]
         where = f"{tool} killed at moment {k} of {moments} ({killed.trace[k - 1][2]} {killed.trace[k - 1][3]})"
@@ -232,7 +240,6 @@ def test_killed_at_a_write_point_the_tool_reruns_to_the_same_output(tool, cases,
         assert not temporaries(out), f"{where}; left: {temporaries(out)}"
         diff = differences(snapshot(out, case.ignore), want)
         assert not diff, f"{where}; the rerun's output differs from the uninterrupted run's: {diff}"
-
 
 
 def _refused_in_one_line(run) -> bool:
@@ -250,11 +257,7 @@ def test_a_second_run_inside_a_write_point_of_the_first_leaves_one_runs_output(t
     at a write moment (drawn per run) while the second runs whole, then goes on. Each finishes, or is
     refused in one line; what they leave is what one run leaves, and no temporary."""
     case, out = cases[tool], tmp_path / "out"
-    moments, want = uninterrupted(tool, case, tmp_path)
-    rng = random.Random(f"{SEED}-inside-{tool}")
-    for k in (range(1, moments + 1) if EVERY else [rng.randint(1, moments)]):
-        shutil.rmtree(out, ignore_errors=True)
-        case.fresh(out)
+    for k, moments, want in _each_moment(tool, case, tmp_path, "inside-"):
         first, second = run_inside(case.argv(out), tmp_path, k)
         where = f"{tool}, the second run inside moment {k} of {moments} of the first ({first.trace[k - 1][2]} " \
                 f"{first.trace[k - 1][3]})"

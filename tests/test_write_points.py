@@ -247,18 +247,22 @@ def _refused_in_one_line(run) -> bool:
     return run.rc not in (0, None) and len(lines) == 1 and "Traceback" not in run.output
 
 
-# One tool per suite run (drawn with the seed; ALEXNET_WRITE_POINTS=all: each tool at each of its moments)
-INSIDE = TOOLS if EVERY else [random.Random(f"{SEED}-inside").choice(TOOLS)]
-
-
-@pytest.mark.parametrize("tool", INSIDE)
-def test_a_second_run_inside_a_write_point_of_the_first_leaves_one_runs_output(tool, cases, tmp_path):
+def test_a_second_run_inside_a_write_point_of_the_first_leaves_one_runs_output(cases, tmp_path):
     """Two runs of one command on one output (sent twice, two jobs of a batch scheduler): the first is held
     at a write moment (drawn per run) while the second runs whole, then goes on. Each finishes, or is
-    refused in one line; what they leave is what one run leaves, and no temporary."""
-    case, out = cases[tool], tmp_path / "out"
-    for k, moments, want in _each_moment(tool, case, tmp_path, "inside-"):
-        first, second = run_inside(case.argv(out), tmp_path, k)
+    refused in one line; what they leave is what one run leaves, and no temporary. One tool per suite run,
+    drawn with the seed (drawn here, not as a parameter: each xdist worker must collect the same tests);
+    ALEXNET_WRITE_POINTS=all: each tool at each of its moments."""
+    for tool in TOOLS if EVERY else [random.Random(f"{SEED}-inside").choice(TOOLS)]:
+        print(f"a second run inside {tool}'s write moments")
+        _second_run_inside(tool, cases[tool], tmp_path / tool.replace(":", "-"))
+
+
+def _second_run_inside(tool: str, case: Case, work: Path) -> None:
+    work.mkdir()
+    out = work / "out"
+    for k, moments, want in _each_moment(tool, case, work, "inside-"):
+        first, second = run_inside(case.argv(out), work, k)
         where = f"{tool}, the second run inside moment {k} of {moments} of the first ({first.trace[k - 1][2]} " \
                 f"{first.trace[k - 1][3]})"
         for name, r in (("first", first), ("second", second)):

@@ -281,7 +281,8 @@ def server():
     Files.files, Files.log = {}, []
     httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Files)
     httpd.daemon_threads = True
-    thread = threading.Thread(target=httpd.serve_forever, daemon=True)
+    # shutdown() waits for the loop's next poll: 0.5 s by default, per test
+    thread = threading.Thread(target=httpd.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
     thread.start()
     try:
         yield f"http://127.0.0.1:{httpd.server_address[1]}", Files

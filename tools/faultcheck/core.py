@@ -13,6 +13,7 @@ stdout; for a run that must succeed, the first line matching `line`) must name. 
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -232,10 +233,8 @@ def _run(work: Work, case: Case, argv: list[str]) -> tuple[int | None, str, str]
 
 def _kill_group(proc: subprocess.Popen) -> None:
     """The case's process and everything it started (its own session), if still there."""
-    try:
+    with contextlib.suppress(ProcessLookupError, PermissionError):  # it ended meanwhile
         os.killpg(proc.pid, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):
-        pass
 
 
 def message_line(case: Case, out: str, err: str) -> str:

@@ -2,9 +2,6 @@
 
 Checked against what the test sets or computes itself: kernels written into a checkpoint and read back
 from the PNG's pixels; evaluate.py's CSV for the same images; fc7 features computed here layer by layer
-
-# Its tests start processes (train.py, tools, groups): not in make test-fast (pytest.ini).
-pytestmark = pytest.mark.processes
 and ranked by brute force; the Theano folder's own arrays.
 """
 from __future__ import annotations
@@ -114,6 +111,7 @@ def test_filters_show_the_kernels_set_in_a_single_device_checkpoint(demo, data, 
     assert "12 kernels of a single-device alexnet" in title
 
 
+@pytest.mark.processes  # its fixture trains two processes (figure_runs.columns_run)
 def test_filters_show_two_columns_for_a_columns_checkpoint(columns, data, figures, tmp_path):
     weights = tmp_path / "set.pt"
     assert load(columns / "checkpoints" / "best.pt")["config"]["parallel"]["model"] == "columns"

@@ -111,6 +111,8 @@ class RunConfig:
     resume_from: str = ""          # a checkpoint to start from when run.dir has none yet (e.g. a Theano
                                    # epoch converted by scripts/convert_weights.py --momentum), or any
                                    # weights by path or published name (torchvision...): epoch 1, at rest
+    new_classifier: bool = False   # fine-tune run.resume_from's weights on other classes: its last layer
+                                   # replaced by a new one for the data's classes (model.init, train.seed)
     device: str = "auto"           # auto (cuda if present) | cpu | cuda | cuda:N
     progress: bool = True          # tqdm progress bar
     tensorboard: bool = True       # event files, when tensorboard is installed
@@ -450,6 +452,10 @@ def _validate_relations(cfg: Config) -> None:
     if per_process % t.slices:
         what = f" ({per_process} per process of the fc model group)" if per_process != t.batch_size else ""
         raise ConfigError(f"train.batch_size={t.batch_size}{what} is not divisible by train.slices={t.slices}")
+    if cfg.run.new_classifier and not cfg.run.resume_from:
+        raise ConfigError("run.new_classifier=true replaces the last layer of run.resume_from's weights, and "
+                          "run.resume_from is not set: name the weights to fine-tune (e.g. "
+                          "run.resume_from=torchvision)")
     if cfg.parallel.exchange == "gradients" and cfg.parallel.transport == "ipc":
         raise ConfigError("parallel.transport=ipc exchanges weights only; gradients use nccl, gloo or auto")
     _validate_large_batch(t, cfg.parallel.exchange, cfg.parallel.replicas)

@@ -77,11 +77,12 @@ def _own_checkpoints(cfg: Config) -> list[Path]:
     return CheckpointDir(Path(cfg.run.dir) / "checkpoints", cfg.run.keep_last).candidates()
 
 
-def load_start(cfg: Config, progress: bool) -> tuple[dict, Path]:
-    """(checkpoint, path) of run.resume_from (weights.start: a checkpoint, or weights as a start);
-    a file that is not one is a DataError naming the key."""
+def load_start(cfg: Config, meta: dict, progress: bool) -> tuple[dict, Path]:
+    """(checkpoint, path) of run.resume_from (weights.start: a checkpoint, or weights as a start, with a new
+    last layer for `meta`'s classes under run.new_classifier); a file that is not one is a DataError naming
+    the key."""
     try:
-        return starting_checkpoint(cfg.run.resume_from, cfg, progress)
+        return starting_checkpoint(cfg.run.resume_from, cfg, progress, resolve_num_classes(cfg, meta))
     except (CheckpointError, FormatError) as e:
         raise DataError(f"run.resume_from: {e}") from None
 
@@ -97,11 +98,20 @@ def describe_start(cfg: Config, meta: dict, global_batch: int) -> str:
     fetched = to_fetch(cfg.run.resume_from)
     if fetched:
         return f"; run.resume_from={cfg.run.resume_from}: would fetch {fetched[0]} into {fetched[1]}"
-    state, path = load_start(cfg, progress=False)
+    state, path = load_start(cfg, meta, progress=False)
     changes = check_resume(cfg, meta, state, path, global_batch)
-    what = "the weights of " if state.get("source", {}).get("weights_only") else ""
-    return (f"; would start from {what}{path} at epoch {state['epoch'] + 1}, step {state['step']}"
-            + "".join(f"; changed on resume: {c}" for c in changes))
+    source = state.get("source", {})
+    what = "the weights of " if source.get("weights_only") else ""
+    return (f"; would start from {what}{path}{new_classifier_words(state)} at epoch {state['epoch'] + 1}, "
+            f"step {state['step']}" + "".join(f"; changed on resume: {c}" for c in changes))
+
+
+def new_classifier_words(state: dict) -> str:
+    """" with a new last layer for N classes (the weights': M)" for a start under run.new_classifier."""
+    new = state.get("source", {}).get("new_classifier")
+    if new is None:
+        return ""
+    return f" with a new last layer for {state['num_classes']} classes (the weights': {new['classes_before']})"
 
 
 def _checkpoint_bytes(model: torch.nn.Module) -> int:
@@ -148,11 +158,11 @@ def check_resume(cfg: Config, meta: dict, state: dict, path: Path, global_batch:
     if classes is not None and list(classes) != list(meta["classes"]):
         raise DataError(f"{path} was trained on other classes than those of {cfg.data.root} "
                         f"({class_difference(list(classes), list(meta['classes']))}); use another run.dir, "
-                        "or the same data")
+                        f"or the same data{_fine_tune_hint(cfg, path)}")
     count = state.get("num_classes")
     if count is not None and int(count) != int(meta["num_classes"]):
         raise DataError(f"{path} holds weights for {count} classes, {cfg.data.root} has {meta['num_classes']}; "
-                        "use the data they were trained on")
+                        f"use the data they were trained on{_fine_tune_hint(cfg, path)}")
     size = state.get("image_size")
     if size is not None and size != meta["image_size"]:
         raise DataError(f"{path} was trained on {size}x{size} images, {cfg.data.root} holds "
@@ -173,6 +183,14 @@ def check_resume(cfg: Config, meta: dict, state: dict, path: Path, global_batch:
     if global_batch is not None and old is not None and old != global_batch and "source" not in state:
         changes.append(f"global batch {old} -> {global_batch}{_fc_batch_hint(cfg, changed, old, global_batch)}")
     return changes
+
+
+def _fine_tune_hint(cfg: Config, path: Path) -> str:
+    """How to fine-tune weights on other classes, where `path` is run.resume_from's (not run.dir's own)."""
+    if not cfg.run.resume_from or Path(path).resolve().parent == (Path(cfg.run.dir) / "checkpoints").resolve():
+        return ""
+    return (", or set run.new_classifier=true to fine-tune them with a new last layer for its classes "
+            "(a new run.dir)")
 
 
 def _fc_batch_hint(cfg: Config, changed: list[str], old: int, new: int) -> str:

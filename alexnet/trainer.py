@@ -30,7 +30,7 @@ from .launch import Heartbeat
 from .metrics import Meter, MetricsLog
 from .optim import LRSchedule
 from .precision import autocast_for, configure_backends
-from .preflight import check_resume, load_start, resolve_num_classes
+from .preflight import check_resume, load_start, new_classifier_words, resolve_num_classes
 from .replica import MeshLayout, Replica
 from .rundir import write_config
 
@@ -414,7 +414,8 @@ class Trainer:
         source = state.get("source", {})
         if source.get("weights_only"):
             named = f" (published as {source['name']})" if "name" in source else ""
-            print0(self.dist, f"starting from the weights of {path}{named}: epoch 1, the optimizer at rest")
+            print0(self.dist, f"starting from the weights of {path}{named}{new_classifier_words(state)}: epoch 1, "
+                              "the optimizer at rest")
         else:
             print0(self.dist, f"resumed from {path}: epoch {self.epoch + 1}, step {self.step} "
                               f"(global step {self.global_step})")
@@ -434,7 +435,7 @@ class Trainer:
         if not self.cfg.run.resume_from:
             return None, None
         # a checkpoint, or weights (by path or published name) as a start
-        return load_start(self.cfg, progress=self.dist.is_main and self.cfg.run.progress)
+        return load_start(self.cfg, self.meta, progress=self.dist.is_main and self.cfg.run.progress)
 
     def _adopt_lr(self, lr: float, path: Path) -> None:
         """A converted checkpoint states the lr its run would use next; make ours agree or say so."""

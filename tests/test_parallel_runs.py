@@ -216,6 +216,27 @@ def test_lamb_fc_resumes_a_single_process_checkpoint(train_data, tmp_path, singl
     assert state_rel_diff(split, single(**LAMB, **{"train.batch_size": 16})) <= 1e-5
 
 
+@pytest.mark.parametrize("layout", ["fc R=2 x M=2, weights", "columns M=2"])
+def test_a_new_classifier_is_the_same_on_every_rank(train_data, tmp_path_factory, single, layout):
+    """run.new_classifier: each process draws the new last layer from train.seed on its own; sharded (fc8's
+    rows over the fc group, a column each) and averaged (the weights exchange), the run equals one process
+    fine-tuning the same weights, and the checkpoint's head is not the weights' (10 classes -> the data's 4)."""
+    from alexnet.models import build_model
+    from alexnet.weights.convert import training_checkpoint
+    weights = tmp_path_factory.getbasetemp() / "checkpoint_of_10_classes.pt"  # another run's: its weights only
+    if not weights.exists():
+        torch.manual_seed(11)
+        cfg = load_config("configs/demo.yaml", tiny_overrides(train_data, weights.parent / "unused"))
+        model = build_model("alexnet", 10, cfg.model.width, cfg.model.dropout, cfg.data.crop, "torch")
+        torch.save(training_checkpoint(model, cfg, 10, {"format": "ours"}, epoch=5), weights)
+    start = {"run.resume_from": str(weights), "run.new_classifier": True, "train.epochs": 1}
+    run = tmp_path_factory.mktemp("fine_tuned")
+    sim_train(train_data, run, **start, **LAYOUTS[layout])
+    ref = single(**start, **{"train.batch_size": 16})
+    assert state_rel_diff(run, ref) <= 1e-5
+    assert load(run / "checkpoints" / "last.pt")["model"]["classifier.fc8.weight"].shape[0] == 4
+
+
 # -- batch norm: statistics per replica, averaged before validation and checkpoints ---------------------------
 
 BN = {"model.arch": "alexnet_bn", "train.epochs": 1}  # one epoch: batch norm magnifies rounding on this data

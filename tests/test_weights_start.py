@@ -264,3 +264,95 @@ def test_a_start_reads_its_file_once(tmp_path, monkeypatch):
     starting_checkpoint(str(tmp_path / "tv.pth"), _cfg(model__arch="owt", data__mean="channel",
                                                        model__width=0.125), progress=False)
     assert paths == [tmp_path / "tv.pth"]
+
+
+# -- run.new_classifier: fine-tuning on other classes -----------------------------------------------------
+
+
+OWT_HEAD = ("classifier.6.weight", "classifier.6.bias")  # owt's last layer, by torchvision's names
+
+
+def test_weights_of_other_classes_fine_tune_with_a_new_last_layer(train_data, tmp_path, capsys):
+    """Weights for 10 classes on data of 4: refused naming run.new_classifier; with it, the run ends with the
+    file's weights everywhere but the last layer, which is a new one of 4 rows (torch's init for owt: every
+    value within 1/sqrt(fan_in), none the file's), the same for the same train.seed."""
+    source = _owt_file(tmp_path / "tv10.pth", classes=10)
+    runs = {name: tmp_path / name for name in ("refused", "a", "b", "seed")}
+    base = ["configs/demo.yaml", f"run.resume_from={tmp_path / 'tv10.pth'}"]
+    assert train.main([*base, *tiny_overrides(train_data, runs["refused"], **OWT, **STILL)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.endswith(f"holds weights for 10 classes, {train_data} has 4; use the data they were trained on, or "
+                        "set run.new_classifier=true to fine-tune them with a new last layer for its classes (a "
+                        "new run.dir)"), err
+    heads = {}
+    for name, seed in (("a", 0), ("b", 0), ("seed", 1)):
+        over = tiny_overrides(train_data, runs[name], **OWT, **STILL, **{"train.seed": seed})
+        assert train.main([*base, *over, "run.new_classifier=true"]) == 0
+        out = capsys.readouterr().out
+        assert (f"starting from the weights of {tmp_path / 'tv10.pth'} with a new last layer for 4 classes (the "
+                "weights': 10): epoch 1") in out, out
+        got = load(runs[name] / "checkpoints" / "last.pt")
+        assert got["num_classes"] == 4
+        body = {k: v for k, v in source.items() if k not in OWT_HEAD}
+        _same({k: v for k, v in got["model"].items() if k not in OWT_HEAD}, body, MOVED)
+        weight, bias = (got["model"][k] for k in OWT_HEAD)
+        bound = 1 / (source["classifier.6.weight"].shape[1] ** 0.5)
+        assert weight.shape == (4, source["classifier.6.weight"].shape[1]) and bias.shape == (4,)
+        assert weight.abs().max() <= bound and weight.abs().max() > 0.9 * bound and bias.abs().max() <= bound
+        assert not any(torch.equal(weight[0], row) for row in source["classifier.6.weight"])
+        heads[name] = weight
+    assert torch.equal(heads["a"], heads["b"]) and not torch.equal(heads["a"], heads["seed"])
+
+
+def test_a_new_classifier_is_drawn_from_the_seed_alone_and_leaves_the_global_stream_alone(tmp_path):
+    """Every process of a run computes its start on its own: the new layer must not depend on what the
+    process drew before, nor move what it draws after. model.init=paper: N(0, fc8's std) and fc8's bias
+    (AlexNet-BN's prototxt: 0.01, 0.01; models.BN_INIT, written here by hand)."""
+    model = build_model("alexnet_bn", 10, 0.125, 0.5, 67, "torch")
+    own = to_dict(_cfg(model__arch="alexnet_bn", model__width=0.125, data__crop=67))
+    torch.save({"kind": WEIGHTS_KIND, "version": 1, "model": model.state_dict(), "num_classes": 10, "config": own},
+               tmp_path / "w.pt")
+    cfg = _cfg(model__arch="alexnet_bn", model__width=0.125, data__crop=67, model__init="paper",
+               run__new_classifier=True)
+    heads = []
+    for drawn_before in (1, 2):
+        torch.manual_seed(drawn_before)
+        before = torch.get_rng_state()
+        state, _ = starting_checkpoint(str(tmp_path / "w.pt"), cfg, False, classes=7)
+        assert torch.equal(torch.get_rng_state(), before)
+        heads.append(state["model"]["classifier.fc8.weight"])
+        bias = state["model"]["classifier.fc8.bias"]
+        assert bias.shape == (7,) and bias.eq(0.01).all()
+    assert torch.equal(heads[0], heads[1]) and heads[0].shape == (7, 512)
+    assert abs(heads[0].std().item() - 0.01) < 0.001 and abs(heads[0].mean().item()) < 0.001
+    assert state["source"]["new_classifier"] == {"classes_before": 10} and state["num_classes"] == 7
+
+
+def test_a_training_checkpoint_under_new_classifier_is_a_start_at_rest(tmp_path):
+    """Another run's checkpoint (epoch 3, momentum 0.5) fine-tuned on other classes: its weights at epoch 0,
+    the optimizer at rest, its own classes forgotten."""
+    model = build_model("alexnet", 6, 0.125, 0.5, 67, "torch")
+    velocities = {k: torch.full_like(p, 0.5).numpy() for k, p in model.named_parameters()}
+    torch.save(training_checkpoint(model, _cfg(data__crop=67, model__width=0.125), 6, {"format": "ours"}, epoch=3,
+                                   velocities=velocities), tmp_path / "run.pt")
+    cfg = _cfg(data__crop=67, model__width=0.125, run__new_classifier=True)
+    state, _ = starting_checkpoint(str(tmp_path / "run.pt"), cfg, False, classes=4)
+    assert state["epoch"] == 0 and state["num_classes"] == 4 and state["classes"] is None
+    assert all(v["velocity"].eq(0).all() for v in state["optimizer"]["state"].values())
+    assert torch.equal(state["model"]["features.conv1.weight"], model.state_dict()["features.conv1.weight"])
+    assert state["model"]["classifier.fc8.weight"].shape[0] == 4
+
+
+def test_new_classifier_needs_weights_and_a_dry_run_says_it(train_data, tmp_path, capsys):
+    run = tmp_path / "run"
+    assert train.main(["configs/demo.yaml", *tiny_overrides(train_data, run), "run.new_classifier=true"]) == 2
+    assert capsys.readouterr().err.strip() == (
+        "train.py: error: run.new_classifier=true replaces the last layer of run.resume_from's weights, and "
+        "run.resume_from is not set: name the weights to fine-tune (e.g. run.resume_from=torchvision)")
+    _owt_file(tmp_path / "tv10.pth", classes=10)
+    args = ["configs/demo.yaml", *tiny_overrides(train_data, run, **OWT), f"run.resume_from={tmp_path / 'tv10.pth'}",
+            "run.new_classifier=true", "--dry-run"]
+    assert train.main(args) == 0
+    assert (f"would start from the weights of {tmp_path / 'tv10.pth'} with a new last layer for 4 classes (the "
+            "weights': 10) at epoch 1, step 0") in capsys.readouterr().out
+    assert not run.exists()

@@ -68,7 +68,7 @@ def dry_run(cfg: Config, world: int) -> int:
     layout = MeshLayout(cfg, DistInfo(world=world, model_size=cfg.parallel.model_size))
     t = cfg.train
     steps = meta["splits"]["train"]["count"] // layout.global_batch
-    start = describe_start(cfg, meta, layout.global_batch)
+    start = describe_start(cfg, meta, layout.global_batch, steps, lambda msg: print(msg, file=sys.stderr, flush=True))
     print(f"train.py: dry run: the config, the data ({cfg.data.root}) and run.dir ({cfg.run.dir}) are fine; "
           f"would start {world} process(es): {_layout_words(cfg)}; {cfg.model.arch} width {cfg.model.width:g}, "
           f"global batch {layout.global_batch} ({t.batch_size} {layout.batch_unit}), {steps} steps an epoch, "

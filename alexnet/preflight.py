@@ -13,7 +13,7 @@ import torch
 from data.layouts import DataError
 from data.meta import check_files, class_difference, read_meta
 
-from .checkpoint import CheckpointDir, CheckpointError
+from .checkpoint import CHECKPOINT_KIND, CheckpointDir, CheckpointError
 from .config import Config, ConfigError, to_dict
 from .distributed import DistInfo
 from .model_parallel import sharding_problem
@@ -72,9 +72,52 @@ def check_run(cfg: Config, world: int, dry: bool = False) -> dict:
     return meta
 
 
+def run_checkpoints(cfg: Config) -> CheckpointDir:
+    """run.dir's checkpoints: where a run saves, and resumes from (run.resume_from is then not read)."""
+    return CheckpointDir(Path(cfg.run.dir) / "checkpoints", cfg.run.keep_last)
+
+
 def _own_checkpoints(cfg: Config) -> list[Path]:
-    """run.dir's checkpoints, newest first: where a run resumes (run.resume_from is then not read)."""
-    return CheckpointDir(Path(cfg.run.dir) / "checkpoints", cfg.run.keep_last).candidates()
+    return run_checkpoints(cfg).candidates()
+
+
+def newest_own(ckpt: CheckpointDir, warn) -> tuple[dict | None, Path | None]:
+    """The newest checkpoint of `ckpt` that loads (`warn` told of each skipped), (None, None) where it has
+    none; a DataError naming every file where none loads. What a run resumes from, and what its dry run
+    names: one function, so the two cannot differ."""
+    if not ckpt.exists():
+        return None, None
+    try:
+        return ckpt.load_newest(warn)
+    except CheckpointError as e:
+        raise DataError(str(e)) from None
+
+
+def resume_position(cfg: Config, meta: dict, state: dict, path: Path, global_batch: int,
+                    steps_per_epoch: int) -> tuple[int, list[str]]:
+    """Everything a resume checks of `state` before it uses it: a training checkpoint of this repository,
+    of this data and model (check_resume), stopped where this run's steps can take it up (resume_step).
+    (Its step in this run's epoch, the changes to report.) The run and its dry run both call it."""
+    if state.get("kind") != CHECKPOINT_KIND:
+        raise DataError(f"{path} is not a training checkpoint of this repository")
+    changes = check_resume(cfg, meta, state, path, global_batch)
+    return resume_step(state, path, global_batch, steps_per_epoch), changes
+
+
+def resume_step(state: dict, path: Path, global_batch: int, steps_per_epoch: int) -> int:
+    """The checkpoint's position in this run's steps (the global batch may have changed)."""
+    samples = state["step"] * state.get("global_batch", global_batch)
+    if samples % global_batch:
+        raise ConfigError(f"{path} stopped {samples} images into epoch {state['epoch'] + 1}, not a "
+                          f"multiple of the global batch {global_batch} (replicas x batch changed); "
+                          "resume with a global batch that divides it, or from an epoch checkpoint")
+    step = samples // global_batch
+    # step == steps_per_epoch: stopped after the epoch's last step, before its validation and epoch
+    # checkpoint; resuming runs no batch of that epoch and goes straight to them.
+    if step > steps_per_epoch:
+        raise ConfigError(f"{path} stopped at step {step} of an epoch, but an epoch now has "
+                          f"{steps_per_epoch} steps (batch size or data changed)")
+    return step
 
 
 def load_start(cfg: Config, meta: dict, progress: bool) -> tuple[dict, Path]:
@@ -87,23 +130,26 @@ def load_start(cfg: Config, meta: dict, progress: bool) -> tuple[dict, Path]:
         raise DataError(f"run.resume_from: {e}") from None
 
 
-def describe_start(cfg: Config, meta: dict, global_batch: int) -> str:
+def describe_start(cfg: Config, meta: dict, global_batch: int, steps_per_epoch: int, warn) -> str:
     """A dry run's words on where the run starts: run.dir's newest checkpoint, or run.resume_from checked as
     a start checks it ("" for a fresh start); a published set not fetched yet is not fetched."""
-    own = _own_checkpoints(cfg)
-    if own:
-        return f"; would resume from {own[0]} (run.dir's newest checkpoint; run.resume_from is not read)"
+    state, path = newest_own(run_checkpoints(cfg), warn)
+    if state is not None:
+        step, changes = resume_position(cfg, meta, state, path, global_batch, steps_per_epoch)
+        return (f"; would resume from {path} at epoch {state['epoch'] + 1}, step {step} (run.dir's newest "
+                "checkpoint that loads; run.resume_from is not read)" + "".join(f"; changed on resume: {c}"
+                                                                                 for c in changes))
     if not cfg.run.resume_from:
         return ""
     fetched = to_fetch(cfg.run.resume_from)
     if fetched:
         return f"; run.resume_from={cfg.run.resume_from}: would fetch {fetched[0]} into {fetched[1]}"
     state, path = load_start(cfg, meta, progress=False)
-    changes = check_resume(cfg, meta, state, path, global_batch)
+    step, changes = resume_position(cfg, meta, state, path, global_batch, steps_per_epoch)
     source = state.get("source", {})
     what = "the weights of " if source.get("weights_only") else ""
     return (f"; would start from {what}{path}{new_classifier_words(state)} at epoch {state['epoch'] + 1}, "
-            f"step {state['step']}" + "".join(f"; changed on resume: {c}" for c in changes))
+            f"step {step}" + "".join(f"; changed on resume: {c}" for c in changes))
 
 
 def new_classifier_words(state: dict) -> str:

@@ -18,19 +18,18 @@ import torch
 import torch.nn.functional as F
 
 from data.augment import random_bits
-from data.layouts import DataError
 from data.loader import InlineLoader, LoaderSpec
 from data.reader import load_meta
 from data.slot_loader import SlotLoader
 
 from .checkpoint import CHECKPOINT_KIND, BackgroundWriter, CheckpointDir, CheckpointError, to_host
-from .config import Config, ConfigError, dump_yaml, to_dict
+from .config import Config, dump_yaml, to_dict
 from .distributed import DistInfo, print0, slow_barrier
 from .launch import Heartbeat
 from .metrics import Meter, MetricsLog
 from .optim import LRSchedule
 from .precision import autocast_for, configure_backends
-from .preflight import check_resume, load_start, new_classifier_words, resolve_num_classes
+from .preflight import load_start, new_classifier_words, newest_own, resolve_num_classes, resume_position
 from .replica import MeshLayout, Replica
 from .rundir import write_config
 
@@ -388,16 +387,15 @@ class Trainer:
                 print(f"metrics.jsonl held records of an earlier start that left no checkpoint: kept as {kept}",
                       flush=True)
             return
-        if state.get("kind") != CHECKPOINT_KIND:
-            raise DataError(f"{path} is not a training checkpoint of this repository")
+        step, changes = resume_position(self.cfg, self.meta, state, path, self.global_batch, self.steps_per_epoch)
         if self.dist.is_main and path.parent == self.ckpt.root:
             for done in self.ckpt.complete(state, path):
                 print(done, flush=True)
-        for change in check_resume(self.cfg, self.meta, state, path, self.global_batch):
+        for change in changes:
             print0(self.dist, f"changed on resume: {change}")
         self.replica.load_full_state(state["model"], state["optimizer"])
         self.schedule.load_state_dict(state["schedule"])
-        self.epoch, self.step = state["epoch"], self._resume_step(state, path)
+        self.epoch, self.step = state["epoch"], step
         self.global_step = self.epoch * self.steps_per_epoch + self.step
         if self.log is not None:  # records after the checkpoint, counted in the steps of its run
             self.log.truncate_after(state.get("global_step", self.global_step))
@@ -427,11 +425,9 @@ class Trainer:
         moves its state to the parameters itself.
         """
         warn = (lambda msg: print(msg, file=sys.stderr, flush=True)) if self.dist.is_main else (lambda msg: None)
-        if self.ckpt.exists():
-            try:
-                return self.ckpt.load_newest(warn)
-            except CheckpointError as e:
-                raise DataError(str(e)) from None
+        state, path = newest_own(self.ckpt, warn)
+        if state is not None:
+            return state, path
         if not self.cfg.run.resume_from:
             return None, None
         # a checkpoint, or weights (by path or published name) as a start
@@ -446,21 +442,6 @@ class Trainer:
             print0(self.dist, f"warning: {path} continues at lr {lr:g}, but this config gives lr {ours:g} at "
                               f"epoch {self.epoch + 1}; training uses the config's (set train.lr / lr_steps, or "
                               "train.lr_policy=auto to adopt the file's)")
-
-    def _resume_step(self, state: dict, path: Path) -> int:
-        """The checkpoint's position in this run's steps (the global batch may have changed)."""
-        samples = state["step"] * state.get("global_batch", self.global_batch)
-        if samples % self.global_batch:
-            raise ConfigError(f"{path} stopped {samples} images into epoch {state['epoch'] + 1}, not a "
-                              f"multiple of the global batch {self.global_batch} (replicas x batch changed); "
-                              "resume with a global batch that divides it, or from an epoch checkpoint")
-        step = samples // self.global_batch
-        # step == steps_per_epoch: stopped after the epoch's last step, before its validation and epoch
-        # checkpoint; resuming runs no batch of that epoch and goes straight to them.
-        if step > self.steps_per_epoch:
-            raise ConfigError(f"{path} stopped at step {step} of an epoch, but an epoch now has "
-                              f"{self.steps_per_epoch} steps (batch size or data changed)")
-        return step
 
     def close(self, finish_write: bool = True) -> None:
         """Finish the checkpoint being written (its failure is raised), then stop the helpers."""

@@ -229,8 +229,8 @@ def test_a_dry_run_says_where_the_run_starts(train_data, tmp_path, capsys):
     assert train.main(args[:-1]) == 0
     capsys.readouterr()
     assert train.main([*args, "--dry-run"]) == 0  # x.pt does not exist: it is not read
-    assert (f"; would resume from {run / 'checkpoints' / 'last.pt'} (run.dir's newest checkpoint; "
-            "run.resume_from is not read)") in capsys.readouterr().out
+    assert (f"; would resume from {run / 'checkpoints' / 'last.pt'} at epoch 2, step 0 (run.dir's newest "
+            "checkpoint that loads; run.resume_from is not read)") in capsys.readouterr().out
 
 
 def test_a_file_named_like_a_published_set_wins_over_the_name(server, published, train_data, tmp_path,

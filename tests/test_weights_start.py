@@ -328,6 +328,14 @@ def test_a_new_classifier_is_drawn_from_the_seed_alone_and_leaves_the_global_str
     assert state["source"]["new_classifier"] == {"classes_before": 10} and state["num_classes"] == 7
 
 
+def test_new_classifier_without_the_data_class_count_is_a_callers_error(tmp_path):
+    _owt_file(tmp_path / "tv.pth")
+    cfg = _cfg(model__arch="owt", data__mean="channel", model__width=0.125, run__new_classifier=True)
+    with pytest.raises(ValueError) as e:
+        starting_checkpoint(str(tmp_path / "tv.pth"), cfg, progress=False)
+    assert str(e.value) == "run.new_classifier needs the data's class count"
+
+
 def test_a_training_checkpoint_under_new_classifier_is_a_start_at_rest(tmp_path):
     """Another run's checkpoint (epoch 3, momentum 0.5) fine-tuned on other classes: its weights at epoch 0,
     the optimizer at rest, its own classes forgotten."""

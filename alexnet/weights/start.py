@@ -61,7 +61,7 @@ def new_classifier_(model: nn.Module, classes: int, cfg: Config) -> None:
                          if isinstance(c, nn.Linear)][-1]
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(cfg.train.seed)
-        fresh = nn.Linear(last.in_features, classes, dtype=last.weight.dtype)  # torch's init
+        fresh = nn.Linear(last.in_features, classes)  # torch's init; float32, as the trainer's model
         if cfg.model.init == "paper":
             init = getattr(model, "paper_init", THEANO_INIT)
             nn.init.normal_(fresh.weight, 0.0, init.fc_std[-1])

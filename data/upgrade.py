@@ -8,12 +8,15 @@ in one format or the other, and the reader takes both, so the folder stays usabl
 training) while it is converted. An interrupted run (Ctrl-C, kill -9, a full disk) is resumed by the
 same command: converted files are skipped, stale temporary files removed. Files that cannot be
 converted (missing, truncated, an image failing its checksum) are listed with the reason at the end
-and left as they are; meta.json's format_version is updated last, to the oldest format left.
+and left as they are; meta.json's format_version is updated last, to the oldest format left. An output
+written before meta.json recorded its mean image's SHA-256 (mean_sha256) gets it, once the file reads as a
+mean image of the output's size: from then on a mean.npy of another output is refused.
 """
 from __future__ import annotations
 
 import argparse
 import concurrent.futures as cf
+import hashlib
 import json
 import multiprocessing as mp
 import os
@@ -34,6 +37,7 @@ from .batchfile import (
 )
 from .domains import COUNT, InputPath, OneLineParser
 from .layouts import DataError
+from .meta import read_mean
 from .preprocess import SPLITS, exclusive
 from .procs import die_with_parent
 
@@ -83,6 +87,28 @@ def _finish_meta(root: Path, versions: list[int]) -> None:
         if meta.get("format_version") != min(versions):
             meta["format_version"] = min(versions)
             atomic_write_json(path, meta)
+
+
+def _record_mean_digest(root: Path) -> tuple[str, dict | None]:
+    """meta.json's mean_sha256 where it has none: ("recorded" | "already" | "no meta.json", None), or
+    ("not recorded", a problem) where the mean image does not read as one of this output's size."""
+    path = root / "meta.json"
+    if not path.is_file():
+        return "no meta.json", None
+    meta = json.loads(path.read_text())
+    if "mean_sha256" in meta:
+        return "already", None
+    mean = root / meta.get("mean", "mean.npy")
+    try:
+        digest = hashlib.sha256(mean.read_bytes()).hexdigest()
+        read_mean(mean, meta["image_size"], digest)  # the bytes digested are the bytes checked
+    except OSError as e:
+        return "not recorded", {"path": str(mean), "reason": f"{mean}: cannot read the mean image ({e.strerror or e})"}
+    except DataError as e:
+        return "not recorded", {"path": str(mean), "reason": str(e)}
+    meta["mean_sha256"] = digest
+    atomic_write_json(path, meta)
+    return "recorded", None
 
 
 def _place(path: Path, count: int | None) -> tuple[str, int, int | None] | None:
@@ -157,10 +183,14 @@ def upgrade(root: str | Path, quiet: bool = False, workers: int = 1) -> dict:
         results = _convert_all(files, max(1, min(workers, len(files))), quiet, _listed_counts(root))
         seconds = time.perf_counter() - start
         problems = [{"path": str(path), "reason": why} for path, (_, _, why) in zip(files, results) if why]
+        failed = len(problems)
+        mean_digest, problem = _record_mean_digest(root)
+        problems += [problem] if problem else []
         _finish_meta(root, [_version_or_old(path) if why else FORMAT_VERSION
                             for path, (_, _, why) in zip(files, results)])
     converted, images = sum(r[0] for r in results), sum(r[1] for r in results)
-    return {"files": len(files), "converted": converted, "already": len(files) - converted - len(problems),
+    return {"files": len(files), "converted": converted, "mean_sha256": mean_digest,
+            "already": len(files) - converted - failed, "failed": failed,
             "problems": problems, "images": images, "seconds": round(seconds, 3),
             "images_per_s": round(images / seconds, 1) if images and seconds > 0 else None}
 
@@ -198,7 +228,10 @@ def main(argv: list[str] | None = None) -> int:
         return 130
     rate = f" ({result['images_per_s']} images/s)" if result["images_per_s"] else ""
     print(f"{args.root}: {result['converted']} files converted to format {FORMAT_VERSION}{rate}, "
-          f"{result['already']} already were, {len(result['problems'])} could not be converted")
+          f"{result['already']} already were, {result['failed']} could not be converted")
+    if result["mean_sha256"] == "recorded":
+        print(f"{args.root}: meta.json now records the mean image's SHA-256 (mean_sha256): a mean image of another "
+              "output is refused from now on")
     if result["problems"]:
         for prob in result["problems"]:
             print(f"  {prob['reason']}", file=sys.stderr)

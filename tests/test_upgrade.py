@@ -166,3 +166,52 @@ def test_preprocess_finishes_a_run_started_in_the_old_format(old, prep, synth, t
     assert json.loads((root / "meta.json").read_text())["format_version"] == 1
     upgrade(root, quiet=True)
     same_as_reference(root, prep[0])
+
+
+def _without_mean_digest(src: Path, dst: Path) -> Path:
+    """A copy of `src` as an output written before meta.json recorded its mean image's digest."""
+    shutil.copytree(src, dst)
+    meta = json.loads((dst / "meta.json").read_text())
+    del meta["mean_sha256"]
+    (dst / "meta.json").write_text(json.dumps(meta))
+    return dst
+
+
+def test_an_older_output_gets_its_mean_images_digest(prep, train_data, tmp_path, capsys):
+    """Recorded once (the SHA-256 of the file's bytes, computed here with hashlib), and from then on a mean
+    image of another output of the same size is refused where the mean is read; nothing else changes."""
+    import hashlib
+
+    from data.layouts import DataError
+    from data.meta import check_files
+    root = _without_mean_digest(prep[0], tmp_path / "data")
+    before = json.loads((root / "meta.json").read_text())
+    assert upgrade_mod.main([str(root), "--quiet", "--workers", "1"]) == 0
+    assert "meta.json now records the mean image's SHA-256 (mean_sha256)" in capsys.readouterr().out
+    meta = json.loads((root / "meta.json").read_text())
+    assert meta == {**before, "mean_sha256": hashlib.sha256((root / "mean.npy").read_bytes()).hexdigest()}
+    written = (root / "meta.json").read_bytes()
+    assert upgrade_mod.main([str(root), "--quiet", "--workers", "1"]) == 0  # once: the second run says nothing
+    assert "mean_sha256" not in capsys.readouterr().out and (root / "meta.json").read_bytes() == written
+    check_files(root, meta, ("train", "val"))
+    other = np.load(train_data / "mean.npy")[:64, :64]  # another output's mean, cut to this size
+    np.save(root / "mean.npy", other)
+    with pytest.raises(DataError, match="not this output's mean image"):
+        check_files(root, meta, ("train", "val"))
+
+
+@pytest.mark.parametrize("damage", ["nan", "shape", "missing"])
+def test_a_mean_image_that_does_not_read_is_not_blessed(prep, tmp_path, capsys, damage):
+    """No digest is recorded for a mean image that is not one of this output's: listed as a problem (exit 1),
+    meta.json left as it was."""
+    root = _without_mean_digest(prep[0], tmp_path / "data")
+    mean = np.load(root / "mean.npy")
+    if damage == "missing":
+        (root / "mean.npy").unlink()
+    else:
+        np.save(root / "mean.npy", np.full_like(mean, np.nan) if damage == "nan" else mean[:10])
+    before = (root / "meta.json").read_bytes()
+    assert upgrade_mod.main([str(root), "--quiet", "--workers", "1"]) == 1
+    out, err = capsys.readouterr()
+    assert f"{root / 'mean.npy'}: " in err and "0 could not be converted" in out, (out, err)
+    assert (root / "meta.json").read_bytes() == before

@@ -267,6 +267,9 @@ def content(path: Path, root: str):
         return _plain(json.loads(path.read_text()), root)
     if suffix == ".jsonl":
         return [_plain(json.loads(line), root) for line in path.read_text().splitlines() if line.strip()]
+    if suffix == ".yaml":  # by meaning: where a flow mapping wraps depends on the length of the paths in it
+        import yaml
+        return _plain(yaml.safe_load(path.read_text()), root)
     if suffix == ".npz":
         with np.load(path) as z:
             return {k: z[k].tobytes() for k in z.files}

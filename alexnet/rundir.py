@@ -21,7 +21,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from data.batchfile import atomic_write_bytes
-from data.fsutil import exclusive_dir, remove_stale_temps
+from data.fsutil import exclusive_dir, remove_stale_temps, special_entries_words
 
 from .config import ConfigError
 from .launch import ENV_LOCK_FD  # set for the replicas of train.py's launcher, which holds the lock
@@ -39,6 +39,8 @@ def check_run_dir(run_dir: str | os.PathLike) -> None:
         raise ConfigError(f"run.dir={run_dir} is the file system's root: name a folder of its own for this run")
     if path.exists() and not path.is_dir():
         raise ConfigError(f"run.dir={run_dir} is not a folder (a file, a device or a pipe): name a folder for this run")
+    if path.is_dir() and (special := special_entries_words(path, f"run.dir={run_dir}")):
+        raise ConfigError(special)
     if not path.is_dir() or any((path / name).exists() for name in RUN_FILES):
         return
     others = sorted(p.name for p in path.iterdir())

@@ -16,7 +16,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import NoReturn
 
-from .fsutil import SPECIAL, is_special
+from .fsutil import SPECIAL, is_special, special_entries_words
 
 
 class Domain:
@@ -190,6 +190,9 @@ class OutputPath:
                 more = f" and {len(foreign) - 1} more" if len(foreign) > 1 else ""
                 raise argparse.ArgumentTypeError(f"{text}{where} holds files this tool did not write ({foreign[0]!r}"
                                                  f"{more}); give a new or empty folder, or one it wrote before")
+            special = special_entries_words(path, text)  # its own names, but one it would open is a pipe
+            if special:
+                raise argparse.ArgumentTypeError(special)
         return text
 
     def foreign(self, folder: Path) -> list[str]:

@@ -214,6 +214,29 @@ def is_special(path: str | os.PathLike) -> bool:
 SPECIAL = "not a regular file or folder (a device, pipe or socket)"  # what a refusal of such a path says
 
 
+def special_entries(folder: str | os.PathLike) -> list[str]:
+    """The entries under `folder` (its subfolders walked, hidden ones too; links followed to what they name,
+    not into folders) that are special (is_special), relative to it and sorted. A tool's own folder (a run
+    directory, an output it resumes or rewrites) holds only files it wrote: it opens them by name, and a
+    pipe there would block it for ever."""
+    found = []
+    for parent, folders, files in os.walk(folder):
+        for name in files + folders:
+            path = os.path.join(parent, name)
+            if is_special(path):
+                found.append(os.path.relpath(path, folder))
+    return sorted(found)
+
+
+def special_entries_words(folder: str | os.PathLike, shown: str) -> str | None:
+    """The refusal of a tool's own folder `shown` that holds special entries (None if it holds none)."""
+    found = special_entries(folder)
+    if not found:
+        return None
+    more = f" and {len(found) - 1} more" if len(found) > 1 else ""
+    return f"{shown} holds {found[0]}{more}, {SPECIAL}: a tool's folder holds only files it wrote; remove it"
+
+
 def check_writable(path: str | os.PathLike) -> None:
     """Raise OSError now if a file cannot be written at `path` later (its folder is created if missing)."""
     path = Path(path)

@@ -36,6 +36,7 @@ from .batchfile import (
     write_batch_file,
 )
 from .domains import COUNT, InputPath, OneLineParser
+from .fsutil import special_entries_words
 from .layouts import DataError
 from .meta import read_mean
 from .preprocess import SPLITS, exclusive
@@ -174,6 +175,9 @@ def upgrade(root: str | Path, quiet: bool = False, workers: int = 1) -> dict:
     root = Path(root)
     if not root.is_dir():
         raise DataError(f"{root} does not exist (give a folder written by scripts/preprocess.py)")
+    special = special_entries_words(root, str(root))
+    if special:
+        raise DataError(special)
     with exclusive(root):
         _remove_stale_temps(root)
         files = batch_files(root)

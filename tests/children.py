@@ -72,6 +72,37 @@ def tree(*roots: int) -> dict[int, float]:
     return found
 
 
+def waiting_on_a_pipe(root: int) -> list[str]:
+    """The threads of `root`'s tree blocked opening a named pipe (read or write: the kernel's
+    wait_for_partner), as "pid/tid: command": such an open waits for a partner that may never come."""
+    found = []
+    for pid in tree(root):
+        with contextlib.suppress(OSError):
+            for tid in os.listdir(f"/proc/{pid}/task"):
+                with open(f"/proc/{pid}/task/{tid}/wchan") as f:
+                    if f.read().strip() == "wait_for_partner":
+                        with open(f"/proc/{pid}/cmdline", "rb") as c:
+                            command = c.read().replace(b"\0", b" ").decode(errors="replace")
+                        found.append(f"{pid}/{tid}: {command[:200]}")
+    return found
+
+
+def wait_unless_blocked_on_a_pipe(proc: subprocess.Popen, cpu_s: float) -> list[str]:
+    """proc.wait() with its tree watched (Watch); if a thread of the tree blocks opening a named pipe, the
+    tree is killed at once and those threads returned ([] for a child that ended by itself)."""
+    watch = Watch(proc.pid, _command(proc), cpu_s, STALL_S)
+    while proc.poll() is None:
+        blocked = waiting_on_a_pipe(proc.pid)
+        if blocked:
+            kill_tree(proc.pid)
+            proc.wait()
+            return blocked
+        watch.check()
+        time.sleep(POLL_S)
+    watch.log()
+    return []
+
+
 def runnable() -> int:
     """Tasks running or waiting for a core, machine-wide, now (/proc/loadavg's fourth field)."""
     with open("/proc/loadavg") as f:

@@ -109,6 +109,13 @@ def _bad_outputs(kind: str, tmp: Path) -> dict[str, str]:
         bad["."] = "is a folder"
     else:
         bad[str(foreign)] = "holds files this tool did not write ('mine.txt')"
+        # a folder of the tool's own names (hidden ones are every tool's) holding a pipe, in a subfolder:
+        # the tool opens its own files by name later, and a pipe blocks it for ever
+        with_pipe = tmp / "with_a_pipe"
+        if not with_pipe.exists():
+            (with_pipe / ".state").mkdir(parents=True)
+            os.mkfifo(with_pipe / ".state" / ".lock")
+        bad[str(with_pipe)] = "holds .state/.lock, not a regular file or folder (a device, pipe or socket)"
         bad["."] = "(the working directory) holds files this tool did not write"
         if kind == "folder":
             bad[str(a_file)] = "is a file, not a folder"

@@ -271,3 +271,52 @@ def _second_run_inside(tool: str, case: Case, work: Path) -> None:
         assert not temporaries(out), f"{where}; left: {temporaries(out)}"
         diff = differences(snapshot(out, case.ignore), want)
         assert not diff, f"{where}: the two left another output than one run: {diff}"
+
+
+def test_a_pipe_in_place_of_a_file_of_the_output_is_refused_not_waited_on(cases, tmp_path):
+    """Each file a tool's output holds after its run, replaced by a named pipe (which blocks whoever opens it
+    until a partner comes), and the same command again: it finishes or is refused in one line, and no thread
+    of it blocks opening the pipe (found in /proc at once: tests/children.waiting_on_a_pipe). One tool and
+    one of its files per suite run, drawn with the seed; ALEXNET_WRITE_POINTS=all: every file of every tool."""
+    failures = []
+    for tool in TOOLS if EVERY else [random.Random(f"{SEED}-pipe").choice(TOOLS)]:
+        failures += _pipe_in_output(tool, cases[tool], tmp_path / tool.replace(":", "-"))
+    assert not failures, "\n".join(failures)
+
+
+def _pipe_in_output(tool: str, case: Case, work: Path) -> list[str]:
+    """What went wrong with each file of `tool`'s output tried as a pipe."""
+    import subprocess
+    import sys
+
+    from tests import children
+    work.mkdir()
+    out, kept = work / "out", work / "kept"
+    case.fresh(out)
+    done = run_tool(case.argv(out), work)
+    assert done.rc == 0, done.output[-3000:]
+    shutil.copytree(out, kept, symlinks=True)
+    files = sorted(p.relative_to(out) for p in out.rglob("*") if p.is_file() and not p.is_symlink())
+    assert files, f"{tool} left no file in {out}"
+    rng = random.Random(f"{SEED}-pipe-{tool}")
+    failures = []
+    for rel in files if EVERY else [rng.choice(files)]:
+        shutil.rmtree(out)
+        shutil.copytree(kept, out, symlinks=True)
+        (out / rel).unlink()
+        os.mkfifo(out / rel)
+        with open(work / "log.txt", "w+") as log:
+            proc = subprocess.Popen([sys.executable, *case.argv(out)], cwd=REPO, stdout=log, stderr=subprocess.STDOUT,
+                                    stdin=subprocess.DEVNULL, env={**os.environ, "PYTHONUNBUFFERED": "1"},
+                                    start_new_session=True)
+            blocked = children.wait_unless_blocked_on_a_pipe(proc, cpu_s=300)
+            log.seek(0)
+            output = log.read()
+        where = f"{tool}: {rel} of its output a named pipe"
+        print(f"{where}: exit {proc.returncode}")
+        lines = [ln for ln in output.splitlines() if ln.strip()]
+        if blocked:
+            failures.append(f"{where}: waited on it for ever: {blocked}; {output[-1000:]}")
+        elif not (proc.returncode == 0 or (proc.returncode == 2 and len(lines) == 1 and "Traceback" not in output)):
+            failures.append(f"{where}: exit {proc.returncode}: {output[-1000:]}")
+    return failures

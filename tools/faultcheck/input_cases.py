@@ -43,6 +43,15 @@ h5py.File = _deny"""
 IGNORE_SIGHUP = "import signal\nsignal.signal(signal.SIGHUP, signal.SIG_IGN)"  # as nohup starts a command
 
 
+def _run_dir_with_a_pipe(work: Work) -> list[str]:
+    import os
+    run = work.w / "run"
+    run.mkdir()
+    (run / "config.yaml").write_text("train: {epochs: 1}\n")
+    os.mkfifo(run / "metrics.jsonl")
+    return tr(work)
+
+
 def _config(text: str, **over):
     def setup(work: Work) -> list[str]:
         (work.w / "config.yaml").write_text(text)
@@ -285,7 +294,11 @@ CASES = [
          lambda w: None if (w.w / "out.json").is_fifo() else "the pipe was replaced"),
     Case("train-run-dir-a-device", "misleading", "run.dir=/dev/null (said only 'File exists')", 2,
          ("run.dir=/dev/null", "not a folder"), lambda w: tr(w, run=Path("/dev/null"))),
+    Case("train-run-dir-holds-a-pipe", "hang", "a run directory whose metrics.jsonl is a named pipe", 2,
+         ("run.dir=", "holds metrics.jsonl", "not a regular file"), _run_dir_with_a_pipe, no_checkpoint,
+         timeout=60),
 ]
+
 
 
 def _pipe(work: Work, name: str = "weights.pt") -> Path:

@@ -102,8 +102,8 @@ def _bad_outputs(kind: str, tmp: Path) -> dict[str, str]:
     if not pipe.exists():
         os.mkfifo(pipe)
     # a pipe blocks its reader for ever; a device would be renamed over (as root, /dev/null itself)
-    bad = {"": "empty", "/": "root folder", str(a_file / "x"): "is a file, so", str(pipe): "not a regular file",
-           "/dev/null": "not a regular file"}
+    bad = {"": "empty", "/": "root folder", str(a_file / "x"): "is a file, so",
+           str(pipe): f"{pipe} is not a regular file", "/dev/null": "/dev/null is not a regular file"}
     if kind == "file":
         bad[str(tmp)] = "is a folder"
         bad["."] = "is a folder"
@@ -115,7 +115,7 @@ def _bad_outputs(kind: str, tmp: Path) -> dict[str, str]:
         if not with_pipe.exists():
             (with_pipe / ".state").mkdir(parents=True)
             os.mkfifo(with_pipe / ".state" / ".lock")
-        bad[str(with_pipe)] = "holds .state/.lock, not a regular file or folder (a device, pipe or socket)"
+        bad[str(with_pipe)] = f"{with_pipe} holds .state/.lock, not a regular file or folder (a device, pipe or socket)"
         bad["."] = "(the working directory) holds files this tool did not write"
         if kind == "folder":
             bad[str(a_file)] = "is a file, not a folder"

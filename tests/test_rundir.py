@@ -111,3 +111,36 @@ def test_a_new_an_empty_or_a_runs_folder_is_a_run_dir(tmp_path, state):
         (run / "metrics.jsonl").write_text("")
         (run / "notes.txt").write_text("the user's, beside a run of theirs\n")
     rundir.check_run_dir(run)
+
+
+def test_check_run_dir_words_by_hand(tmp_path, monkeypatch):
+    """Each refusal's exact words, called directly (train.py's config refuses an empty run.dir first)."""
+    from alexnet.config import ConfigError
+    monkeypatch.chdir(tmp_path)
+
+    def refusal(where) -> str:
+        with pytest.raises(ConfigError) as e:
+            rundir.check_run_dir(where)
+        return str(e.value)
+    assert refusal("") == "run.dir is empty: name the folder this run writes into (e.g. run.dir=runs/NAME)"
+    assert refusal("  ") == "run.dir is empty: name the folder this run writes into (e.g. run.dir=runs/NAME)"
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / "notes.txt").write_text("the user's")
+    assert refusal(mine) == (f"run.dir={mine} holds files that are not a training run's ('notes.txt'): a run writes "
+                             "config.yaml, metrics.jsonl and checkpoints/ there; name a new or empty folder")
+    (tmp_path / "todo.txt").write_text("the user's")
+    assert refusal(".") == ("run.dir=. (the working directory) holds files that are not a training run's ('mine' "
+                            "and 1 more): a run writes config.yaml, metrics.jsonl and checkpoints/ there; name a new "
+                            "or empty folder")
+    run = tmp_path / "run"
+    (run / "checkpoints").mkdir(parents=True)
+    (run / "config.yaml").write_text("train: {epochs: 1}\n")
+    rundir.check_run_dir(run)  # a run's folder
+    tail = ", not a regular file or folder (a device, pipe or socket): a tool's folder holds only files it wrote; " \
+           "remove it"
+    for count, name in enumerate(["metrics.jsonl", "checkpoints/last.pt", ".lock"], start=1):
+        os.mkfifo(run / name)
+        first = sorted(["metrics.jsonl", "checkpoints/last.pt", ".lock"][:count])[0]
+        more = f" and {count - 1} more" if count > 1 else ""
+        assert refusal(run) == f"run.dir={run} holds {first}{more}{tail}"

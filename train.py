@@ -44,6 +44,7 @@ from data.domains import InputPath, OneLineParser, text  # noqa: E402
 from data.fsutil import os_error_exit_code, os_error_message  # noqa: E402
 from data.layouts import DataError  # noqa: E402
 from data.procs import die_with_parent  # noqa: E402
+from data.reader import epoch_steps  # noqa: E402
 from data.slot_loader import LoaderError  # noqa: E402
 
 
@@ -67,7 +68,7 @@ def dry_run(cfg: Config, world: int) -> int:
     meta = check_run(cfg, world, dry=True)
     layout = MeshLayout(cfg, DistInfo(world=world, model_size=cfg.parallel.model_size))
     t = cfg.train
-    steps = meta["splits"]["train"]["count"] // layout.global_batch
+    steps = epoch_steps(meta["splits"]["train"]["count"], layout.global_batch)  # the train reader's
     start = describe_start(cfg, meta, layout.global_batch, steps, lambda msg: print(msg, file=sys.stderr, flush=True))
     print(f"train.py: dry run: the config, the data ({cfg.data.root}) and run.dir ({cfg.run.dir}) are fine; "
           f"would start {world} process(es): {_layout_words(cfg)}; {cfg.model.arch} width {cfg.model.width:g}, "

@@ -64,7 +64,7 @@ def check_run(cfg: Config, world: int, dry: bool = False) -> dict:
                         f"({layout.global_batch} = {layout.reader_world} x {layout.reader_batch}); lower "
                         "train.batch_size or parallel.replicas")
     _check_free_space(cfg, classes, _checkpoint_bytes(full))
-    if not dry and cfg.run.resume_from and not _own_checkpoints(cfg):
+    if not dry and cfg.run.resume_from and not run_checkpoints(cfg).exists():
         try:  # a published set is fetched once here, with its bar, before any replica starts
             resolve(cfg.run.resume_from, progress=cfg.run.progress)
         except FormatError as e:
@@ -75,10 +75,6 @@ def check_run(cfg: Config, world: int, dry: bool = False) -> dict:
 def run_checkpoints(cfg: Config) -> CheckpointDir:
     """run.dir's checkpoints: where a run saves, and resumes from (run.resume_from is then not read)."""
     return CheckpointDir(Path(cfg.run.dir) / "checkpoints", cfg.run.keep_last)
-
-
-def _own_checkpoints(cfg: Config) -> list[Path]:
-    return run_checkpoints(cfg).candidates()
 
 
 def newest_own(ckpt: CheckpointDir, warn) -> tuple[dict | None, Path | None]:

@@ -22,14 +22,21 @@ from data.loader import InlineLoader, LoaderSpec
 from data.reader import load_meta
 from data.slot_loader import SlotLoader
 
-from .checkpoint import CHECKPOINT_KIND, BackgroundWriter, CheckpointDir, CheckpointError, to_host
+from .checkpoint import CHECKPOINT_KIND, BackgroundWriter, CheckpointError, to_host
 from .config import Config, dump_yaml, to_dict
 from .distributed import DistInfo, print0, slow_barrier
 from .launch import Heartbeat
 from .metrics import Meter, MetricsLog
 from .optim import LRSchedule
 from .precision import autocast_for, configure_backends
-from .preflight import load_start, new_classifier_words, newest_own, resolve_num_classes, resume_position
+from .preflight import (
+    load_start,
+    new_classifier_words,
+    newest_own,
+    resolve_num_classes,
+    resume_position,
+    run_checkpoints,
+)
 from .replica import MeshLayout, Replica
 from .rundir import write_config
 
@@ -112,7 +119,7 @@ class Trainer:
         self.steps_per_epoch = self.loader.steps("train")
         self.global_batch = self.layout.global_batch
         self.schedule = LRSchedule(cfg.train, self.steps_per_epoch, self.lr_scale())
-        self.ckpt = CheckpointDir(Path(cfg.run.dir) / "checkpoints", cfg.run.keep_last)
+        self.ckpt = run_checkpoints(cfg)
         self.writer = BackgroundWriter()
         self.log = MetricsLog(cfg.run.dir, cfg.run.tensorboard) if dist.is_main else None
         self.meter = Meter(self.device)

@@ -256,6 +256,11 @@ def epoch_order(counts: np.ndarray, epoch: int, seed: int, shuffle: bool, window
     return np.concatenate(parts).astype(np.int64) if parts else np.zeros(0, np.int64)
 
 
+def epoch_steps(images: int, global_batch: int, drop_last: bool = True) -> int:
+    """Steps of an epoch of `images` in global batches: the short last batch dropped (training) or kept."""
+    return images // global_batch if drop_last else -(-images // global_batch)
+
+
 class BatchReader:
     """Batches of one replica's share of a split, epoch by epoch.
 
@@ -284,8 +289,7 @@ class BatchReader:
         return self.world * self.batch_size
 
     def steps_per_epoch(self) -> int:
-        n, g = len(self.data), self.global_batch
-        return n // g if self.drop_last else -(-n // g)
+        return epoch_steps(len(self.data), self.global_batch, self.drop_last)
 
     def order(self, epoch: int) -> np.ndarray:
         if self._cached is None or self._cached[0] != epoch:

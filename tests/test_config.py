@@ -422,3 +422,21 @@ def test_the_largest_float_and_a_choice_refusal_by_hand(tmp_path):
     with pytest.raises(ConfigError) as e:
         load_config(cfg, ["data.mean=x"])
     assert str(e.value) == "data.mean must be one of image, channel, got 'x'"
+
+
+def test_batch_relations_between_keys_by_hand(tmp_path):
+    """The batch's relations at their edges: fc splits a replica's batch over its model group (M = 2 with an
+    odd batch is refused), columns do not (each column takes the whole batch: 8 images in 8 slices), and
+    LARS with the weights exchange over 2 replicas is refused."""
+    cfg = write(tmp_path, "data: {root: x}\n")
+    with pytest.raises(ConfigError, match=r"^train\.batch_size=9 is a replica's batch, which parallel\.model=fc "
+                                          r"splits over its parallel\.model_size=2 processes: give a multiple of 2$"):
+        load_config(cfg, ["parallel.model=fc", "parallel.model_size=2", "train.batch_size=9"])
+    assert load_config(cfg, ["parallel.model=columns", "parallel.model_size=2", "train.batch_size=8",
+                             "train.slices=8"]).train.slices == 8
+    with pytest.raises(ConfigError, match=r"^train\.batch_size=8 \(4 per process of the fc model group\) is not "
+                                          r"divisible by train\.slices=8$"):
+        load_config(cfg, ["parallel.model=fc", "parallel.model_size=2", "train.batch_size=8", "train.slices=8"])
+    with pytest.raises(ConfigError, match=r"^train\.optimizer=lars with parallel\.exchange=weights would adapt "):
+        load_config(cfg, ["train.optimizer=lars", "parallel.replicas=2", "parallel.exchange=weights",
+                          "train.lr_scaling=none"])

@@ -121,8 +121,9 @@ SLOW_AFTER_CTRL_C = """
 import os, signal, sys, time
 sys.path.insert(0, {repo!r})
 import alexnet.trainer as tr
+from alexnet.checkpoint import CheckpointDir
 slow = {slow!r}
-_step, _save, _submit = tr.Trainer.train_step, tr.CheckpointDir.save, tr.Trainer.save
+_step, _save, _submit = tr.Trainer.train_step, CheckpointDir.save, tr.Trainer.save
 def step(self, x, y):
     _step(self, x, y)
     if self.global_step == 0:
@@ -141,7 +142,7 @@ def submit(self, *a, **k):
     _submit(self, *a, **k)
     if slow == "checkpoint, Ctrl-C before the trainer waits":
         time.sleep(5)                        # the second Ctrl-C lands here, before the trainer waits
-tr.Trainer.train_step, tr.CheckpointDir.save, tr.Trainer.save = step, save, submit
+tr.Trainer.train_step, CheckpointDir.save, tr.Trainer.save = step, save, submit
 import train
 sys.exit(train.main(sys.argv[1:]))
 """

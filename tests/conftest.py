@@ -115,8 +115,16 @@ def examples(n: int) -> int:
     when mutmut runs the test once per mutant (it sets MUTANT_UNDER_TEST), where the named cases beside each
     property carry most of the load and the time goes into the number of mutants, and in `make test-fast`
     (ALEXNET_FAST_TIER), the edit loop's tier, which must stay within its 60 s."""
-    fewer = os.environ.get("MUTANT_UNDER_TEST") or os.environ.get("ALEXNET_FAST_TIER")
+    fewer = os.environ.get("MUTANT_UNDER_TEST") or in_fast_tier()
     return max(3, n // 5) if fewer else n
+
+
+FAST_TIER = "ALEXNET_FAST_TIER"  # set by `make test-fast`
+
+
+def in_fast_tier() -> bool:
+    """Whether this is `make test-fast`: generated cases are sampled there; the suite runs them all."""
+    return bool(os.environ.get(FAST_TIER))
 
 
 def tiny_overrides(data_root: Path, run_dir: Path, **extra) -> list[str]:
@@ -198,12 +206,9 @@ def _group_by_module_fixtures(items) -> None:
 # `make test-fast` (ALEXNET_FAST_TIER=1, -m "not processes and not slow"): a test of that tier that starts a
 # process fails, naming the mark it needs, so the tier stays what it says by construction. Fixtures (the session's
 # preprocessed data) may start processes; a test's own call may not.
-FAST_TIER = "ALEXNET_FAST_TIER"
-
-
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_call(item):
-    if not os.environ.get(FAST_TIER) or item.get_closest_marker("processes") or item.get_closest_marker("slow"):
+    if not in_fast_tier() or item.get_closest_marker("processes") or item.get_closest_marker("slow"):
         yield
         return
     import multiprocessing.process

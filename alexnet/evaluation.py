@@ -32,6 +32,7 @@ from tqdm import tqdm
 
 from data.augment import Normalizer, center_crops, ten_crops
 from data.batchfile import open_batch_file
+from data.domains import json_holding, starting_with
 from data.fsutil import commit, temp_path
 from data.meta import check_files, class_difference
 from data.reader import BatchReader, SplitData
@@ -50,7 +51,13 @@ CONFUSION_PAIRS = 20  # how many of the most frequent (true, predicted) pairs th
 CSV_HEADER = ("name", "label", "pred1", "pred2", "pred3", "pred4", "pred5", "correct1", "correct5",
               "prob1", "prob2", "prob3", "prob4", "prob5", "label_wnid", "label_name",
               *(f"pred{k}_{what}" for k in range(1, 6) for what in ("wnid", "name")))
-__all__ = ["CSV_HEADER", "PRECISIONS", "check_compatible", "class_words", "crop_for_side", "evaluate", "load_weights",
+# What an existing --json or --csv file must be for a new run to replace it (data.domains.OutputPath).
+EARLIER_JSON = json_holding("an earlier evaluate.py --json output (JSON with top1_err, top5_err, n, crops)",
+                            ("top1_err", "top5_err", "n", "crops"))
+EARLIER_CSV = starting_with("an earlier evaluate.py --csv output (its header row)",
+                            (",".join(CSV_HEADER) + "\r\n").encode())
+__all__ = ["CSV_HEADER", "EARLIER_CSV", "EARLIER_JSON", "PRECISIONS", "check_compatible", "class_words",
+           "crop_for_side", "evaluate", "load_weights",
            "make_normalizer", "precision_mode", "predict_log_probs", "prepare", "read_names"]
 
 

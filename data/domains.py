@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import fnmatch
+import json
 import math
 import os
 import re
@@ -158,17 +159,63 @@ class AnyOf:
         return f"AnyOf({self.describe})"
 
 
+class Earlier:
+    """How a tool knows a file at one of its output paths as its own earlier output, which a new run
+    replaces; anything else found there is refused. `what` names that output in the refusal; `test`
+    reads the file (an unreadable one, or one over LIMIT bytes, is not the tool's)."""
+
+    LIMIT = 1 << 29  # no result these tools write is larger: a bigger file is not read whole to find out
+
+    def __init__(self, what: str, test: Callable[[Path], bool]):
+        self.what, self.test = what, test
+
+    def __call__(self, path: Path) -> bool:
+        try:
+            return path.stat().st_size <= self.LIMIT and bool(self.test(path))
+        except (OSError, ValueError, UnicodeDecodeError, RecursionError):
+            return False
+
+    def __repr__(self) -> str:
+        return f"Earlier({self.what})"
+
+
+def json_holding(what: str, keys: tuple[str, ...], many: bool = False) -> Earlier:
+    """JSON: an object holding `keys` (`many`: a non-empty list of such objects)."""
+    def test(path: Path) -> bool:
+        obj = json.loads(path.read_bytes())
+        items = obj if many and isinstance(obj, list) else [obj] if not many else []
+        return bool(items) and all(isinstance(i, dict) and set(keys) <= i.keys() for i in items)
+    return Earlier(what, test)
+
+
+def starting_with(what: str, prefix: bytes) -> Earlier:
+    """A file whose first bytes are `prefix` (a CSV's header row, a page's head)."""
+    def test(path: Path) -> bool:
+        with open(path, "rb") as f:
+            return f.read(len(prefix)) == prefix
+    return Earlier(what, test)
+
+
+def holding(what: str, mark: bytes) -> Earlier:
+    """A file holding `mark` (an image's metadata: where the format puts it varies)."""
+    return Earlier(what, lambda path: mark in path.read_bytes())
+
+
 class OutputPath:
     """An argparse type for where a tool writes: a `file`, a `folder` whose entries may only be the tool's
     own (`own`: glob patterns of the names it writes there; hidden names, its temporaries and locks, are
     its own too), or `either` (a file, or such a folder). Refused: an empty path, the root folder, a folder
-    given for a file, a file given for a folder, and a folder (the working directory too) that holds
-    anything else: no tool writes among, renames or overwrites files it did not make. Returns the text."""
+    given for a file, a file given for a folder, a folder (the working directory too) that holds anything
+    else, and an existing `file` that `earlier` does not know as the tool's own: no tool writes among,
+    renames or overwrites files it did not make. (`either`: the tool judges an existing file itself, with
+    its --force.) Returns the text."""
 
-    def __init__(self, kind: str, own: tuple[str, ...] = ()):
+    def __init__(self, kind: str, own: tuple[str, ...] = (), earlier: Earlier | None = None):
         if kind not in ("file", "folder", "either"):
             raise ValueError(f"OutputPath kind must be file, folder or either, got {kind!r}")
-        self.kind, self.own = kind, own
+        if (kind == "file") != (earlier is not None):
+            raise ValueError("an output file says how it knows its own earlier output (earlier=), and only a file")
+        self.kind, self.own, self.earlier = kind, own, earlier
         self.__name__ = f"output {kind}"
 
     def __call__(self, text: str) -> str:
@@ -183,6 +230,9 @@ class OutputPath:
         blocker = next((q for q in path.absolute().parents if q.exists()), None)
         if blocker is not None and not blocker.is_dir():
             raise argparse.ArgumentTypeError(f"{blocker} is a file, so {text} cannot be made")
+        if self.earlier is not None and path.is_file() and not self.earlier(path):
+            raise argparse.ArgumentTypeError(f"{text} exists and is not {self.earlier.what}: name a new file, or move "
+                                             "that one away first")
         if self.kind != "file" and path.is_dir():
             foreign = self.foreign(path)
             if foreign:
@@ -207,12 +257,33 @@ class OutputPath:
         return f"OutputPath({self.kind}, {self.own})"
 
 
-OUTPUT_FILE = OutputPath("file")
-
-
 class OneLineParser(argparse.ArgumentParser):
     """An ArgumentParser whose usage errors (a bad value, a missing argument) are one line, `prog: error:
     ...`, exit 2, as the tools' other errors; --help still prints the usage."""
 
     def error(self, message: str) -> NoReturn:
         self.exit(2, f"{self.prog}: error: {message} (see --help)\n")
+
+    def parse_known_args(self, args=None, namespace=None):
+        parsed, extras = super().parse_known_args(args, namespace)
+        self._one_writer_per_file(parsed)
+        return parsed, extras
+
+    def _one_writer_per_file(self, parsed: argparse.Namespace) -> None:
+        """Two of a command's paths naming one file, one of them written: the second write would replace
+        the first, or the output its own input."""
+        seen: dict[Path, tuple[str, bool]] = {}
+        for action in self._actions:
+            if not isinstance(action.type, (OutputPath, InputPath)):
+                continue
+            values = getattr(parsed, action.dest, None)
+            writes = isinstance(action.type, OutputPath)
+            for value in values if isinstance(values, list) else [values]:
+                if not isinstance(value, str) or value in getattr(action.type, "names", ()):
+                    continue
+                name = "/".join(action.option_strings) or action.metavar or action.dest
+                where = Path(value).expanduser().resolve()
+                if where in seen and (writes or seen[where][1]):
+                    self.error(f"{seen[where][0]} and {name} both name {value}: a command writes one file once, "
+                               "and never over what it reads")
+                seen.setdefault(where, (name, writes))

@@ -31,9 +31,12 @@ from bench import checkpoint, exchange, large_batch, loading, parallel, preproce
 from bench.common import report  # noqa: E402
 
 from alexnet.cli import protect_streams  # noqa: E402
-from data.domains import OUTPUT_FILE, OneLineParser  # noqa: E402
+from data.domains import OneLineParser, OutputPath, json_holding  # noqa: E402
 
 BENCHMARKS = (preprocess, train, loading, read, exchange, checkpoint, parallel, large_batch)  # the order of --help
+
+# What an existing --json file must be for --force to replace it: every benchmark's report holds these.
+EARLIER_JSON = json_holding("a benchmark.py --json output (JSON with benchmark, rows)", ("benchmark", "rows"))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -45,7 +48,7 @@ def main(argv: list[str] | None = None) -> int:
     sub = p.add_subparsers(dest="what", required=True)
     for bench in BENCHMARKS:
         q = bench.add_parser(sub)
-        q.add_argument("--json", type=OUTPUT_FILE,
+        q.add_argument("--json", type=OutputPath("file", earlier=EARLIER_JSON),
                        help="also write the results to this JSON file (a new file: an existing one, "
                        "such as the measurements docs/benchmarks/ keeps, is replaced only with --force)")
         q.add_argument("--force", action="store_true", help="replace an existing --json file")

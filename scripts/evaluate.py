@@ -42,12 +42,12 @@ quiet_start(__name__, "evaluate.py")  # a Ctrl-C while torch imports: one line, 
 
 from alexnet.cli import guarded, positive, protect_streams  # noqa: E402
 from alexnet.distributed import pick_device  # noqa: E402
-from alexnet.evaluation import PRECISIONS, evaluate, prepare  # noqa: E402
+from alexnet.evaluation import EARLIER_CSV, EARLIER_JSON, PRECISIONS, evaluate, prepare  # noqa: E402
 from alexnet.models import ARCHS  # noqa: E402
 from alexnet.weights.hub import MEAN_FILE, MEAN_HELP, NAME_HELP, WEIGHTS  # noqa: E402
 from alexnet.weights.theano_layout import THEANO_CONVS  # noqa: E402
 from data.batchfile import atomic_write_json  # noqa: E402
-from data.domains import DEVICE, OUTPUT_FILE, InputPath, OneLineParser  # noqa: E402
+from data.domains import DEVICE, InputPath, OneLineParser, OutputPath  # noqa: E402
 from data.fsutil import check_writable  # noqa: E402
 
 # --help's last line
@@ -72,8 +72,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                    "(weights normalised by a mean image only)" + MEAN_HELP)
     p.add_argument("--crops", type=int, choices=(1, 10), default=1, help="1: center crop; 10: corners+center, "
                    "plain and mirrored, probabilities averaged (default 1)")
-    p.add_argument("--json", type=OUTPUT_FILE, help="write the results as JSON to this file")
-    p.add_argument("--csv", type=OUTPUT_FILE,
+    p.add_argument("--json", type=OutputPath("file", earlier=EARLIER_JSON),
+                   help="write the results as JSON to this file")
+    p.add_argument("--csv", type=OutputPath("file", earlier=EARLIER_CSV),
                    help="write one row per image (name, label, top-5 predictions, correct1/5, "
                    "prob1..prob5: the probability of each prediction, averaged over the crops; then the wnid "
                    "and words of the true class and of each prediction)")

@@ -34,7 +34,7 @@ quiet_start(__name__, "figures.py")  # a Ctrl-C while torch imports: one line, n
 from alexnet.cli import guarded, positive, protect_streams  # noqa: E402
 from alexnet.distributed import pick_device  # noqa: E402
 from alexnet.evaluation import prepare  # noqa: E402
-from alexnet.figures.make import FIGURES, FigureOptions, make_figures  # noqa: E402
+from alexnet.figures.make import FIGURES, FIGURES_FOLDER, FigureOptions, make_figures  # noqa: E402
 from alexnet.models import ARCHS  # noqa: E402
 from alexnet.weights.hub import MEAN_FILE, MEAN_HELP, NAME_HELP, WEIGHTS, resolve  # noqa: E402
 from alexnet.weights.theano_layout import THEANO_CONVS  # noqa: E402
@@ -53,7 +53,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                    "BVLC .caffemodel" + NAME_HELP)
     p.add_argument("--data", required=True, type=InputPath("folder"),
                    help="a scripts/preprocess.py output folder (val and train splits)")
-    p.add_argument("--out", required=True, type=OutputPath("folder", own=("*.png", "*.json", "cache")),
+    p.add_argument("--out", required=True, type=FIGURES_FOLDER,
                    help="folder for the figures")
     p.add_argument("--arch", choices=ARCHS, help="needed only for plain alexnet/caffenet state dicts")
     p.add_argument("--epoch", type=positive, help="Theano folder: the epoch to load (default: the highest)")

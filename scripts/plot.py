@@ -22,12 +22,20 @@ quiet_start(__name__, "plot.py")  # a Ctrl-C while torch imports: one line, not 
 
 from alexnet.cli import interrupt_code, protect_streams, stopping_on_signals  # noqa: E402
 from alexnet.metrics import read_metrics  # noqa: E402
-from data.domains import OUTPUT_FILE, InputPath, OneLineParser  # noqa: E402
+from data.domains import InputPath, OneLineParser, OutputPath, holding  # noqa: E402
 from data.fsutil import commit, temp_path  # noqa: E402
 
 # (seconds per unit, axis label): the largest unit in which the longest run spans at least 2 units.
 _TIME_UNITS = ((3600.0, "hours"), (60.0, "minutes"), (1.0, "seconds"))
 _PLOTTED = ("top1_err", "time", "epoch")  # what a validation record must hold as numbers to be drawn
+
+
+# The mark each image carries in its metadata (by format: matplotlib's key for it), by which a later run knows
+# an existing --out file as its own to replace; formats without metadata are never replaced.
+MARK = "alexnet scripts/plot.py"
+_MARK_KEY = {".png": "Software", ".pdf": "Creator", ".svg": "Creator", ".eps": "Creator", ".ps": "Creator"}
+OUT = OutputPath("file", earlier=holding(f"an image plot.py wrote (its metadata names {MARK}: "
+                                          f"{', '.join(_MARK_KEY)})", MARK.encode()))
 
 
 class PlotError(ValueError):
@@ -40,8 +48,17 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                                 epilog="example: python scripts/plot.py runs/1gpu runs/2gpu --out compare.png")
     p.add_argument("runs", nargs="+", metavar="RUN_DIR", type=InputPath("folder"),
                    help="run directories (run.dir of train.py)")
-    p.add_argument("--out", type=OUTPUT_FILE, help="output image (default: <first RUN_DIR>/learning_curve.png)")
-    return p.parse_args(argv)
+    p.add_argument("--out", type=OUT, help="output image, its format from the suffix (default: <first "
+                   "RUN_DIR>/learning_curve.png); an existing file is replaced only where plot.py wrote it (a mark in "
+                   f"the metadata of {', '.join(_MARK_KEY)})")
+    args = p.parse_args(argv)
+    if args.out is None:  # the default is refused as a given --out would be
+        args.out = str(Path(args.runs[0]) / "learning_curve.png")
+        try:
+            OUT(args.out)
+        except argparse.ArgumentTypeError as e:
+            p.error(f"argument --out (default): {e}")
+    return args
 
 
 def val_curve(run: Path) -> list[dict]:
@@ -94,7 +111,8 @@ def draw(curves: list[tuple[str, list[dict]]], out: Path) -> None:
     fig.tight_layout()
     tmp = temp_path(out, keep_suffix=True)  # suffix kept: it picks the format
     try:
-        fig.savefig(tmp, dpi=120)
+        key = _MARK_KEY.get(out.suffix.lower())
+        fig.savefig(tmp, dpi=120, metadata={key: MARK} if key else None)
         commit(tmp, out)
     finally:
         plt.close(fig)
@@ -114,7 +132,7 @@ def main(argv: list[str] | None = None) -> int:
     except ImportError:
         print("matplotlib is not installed; pip install matplotlib to draw learning curves")
         return 0
-    out = Path(args.out) if args.out else runs[0] / "learning_curve.png"
+    out = Path(args.out)
     try:
         with stopping_on_signals():  # SIGTERM, SIGHUP: the temporary file is removed as for Ctrl-C
             out.parent.mkdir(parents=True, exist_ok=True)

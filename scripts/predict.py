@@ -42,12 +42,16 @@ from data.augment import Normalizer  # noqa: E402
 from data.batchfile import atomic_write_json  # noqa: E402
 from data.classnames import read_class_names  # noqa: E402
 from data.decode import RESIZE_MODES, load_image  # noqa: E402
-from data.domains import NON_NEGATIVE, OUTPUT_FILE, InputPath, device  # noqa: E402
+from data.domains import NON_NEGATIVE, InputPath, OutputPath, device, json_holding  # noqa: E402
 from data.fsutil import check_writable  # noqa: E402
 from data.meta import read_mean, read_meta  # noqa: E402
 
 # --help's last line
 EXAMPLE = "python scripts/predict.py runs/alexnet_1gpu/checkpoints/best.pt photo.jpg --data imagenet256"
+
+# What an existing --json file must be for a new run to replace it: what predict() returns, as JSON.
+EARLIER_JSON = json_holding("an earlier predict.py --json output (a list of {image, top})", ("image", "top"),
+                            many=True)
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -75,7 +79,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--crops", type=int, choices=(1, 10), default=1, help="1: center crop; 10: corners+center, "
                    "plain and mirrored, probabilities averaged (default 1)")
     p.add_argument("--top", type=positive, default=5, help="how many classes to print (default 5)")
-    p.add_argument("--json", type=OUTPUT_FILE, help="also write the predictions as JSON to this file")
+    p.add_argument("--json", type=OutputPath("file", earlier=EARLIER_JSON),
+                   help="also write the predictions as JSON to this file")
     p.add_argument("--device", type=device(auto=False), default="cpu", help="cpu | cuda | cuda:N (default cpu)")
     return p.parse_args(argv)
 

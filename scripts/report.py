@@ -30,8 +30,8 @@ from alexnet.cli import guarded, positive, protect_streams  # noqa: E402
 from alexnet.distributed import pick_device  # noqa: E402
 from alexnet.evaluation import prepare  # noqa: E402
 from alexnet.figures.make import FigureOptions  # noqa: E402
-from alexnet.figures.report import data_root, read_run, write_report  # noqa: E402
-from data.domains import DEVICE, NON_NEGATIVE, OUTPUT_FILE, InputPath, OneLineParser  # noqa: E402
+from alexnet.figures.report import PAGE, data_root, outputs, read_run, write_report  # noqa: E402
+from data.domains import DEVICE, NON_NEGATIVE, InputPath, OneLineParser  # noqa: E402
 
 # --help's last line
 EXAMPLE = "python scripts/report.py runs/alexnet_1gpu --data imagenet256"
@@ -44,14 +44,32 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("run", metavar="RUN_DIR", type=InputPath("folder"), help="a run directory of train.py (run.dir)")
     p.add_argument("--data", type=InputPath("folder"),
                    help="the preprocessed data folder (default: the run config's data.root)")
-    p.add_argument("--out", type=OUTPUT_FILE, help="the page (default RUN_DIR/report.html)")
+    p.add_argument("--out", type=PAGE, help="the page (default RUN_DIR/report.html; its record (.json) and figures/ "
+                   "go beside it)")
     p.add_argument("--train-images", type=positive, default=2000, help="neighbours figure: the seeded subset of "
                    "training images searched (default 2000)")
     p.add_argument("--seed", type=NON_NEGATIVE, default=0, help="seeds the choice of images in the figures (default 0)")
     p.add_argument("--batch-size", type=positive, default=100, help="images per forward pass (default 100)")
     p.add_argument("--device", type=DEVICE, default="auto", help="auto (cuda if present) | cpu | cuda | cuda:N")
     p.add_argument("--no-progress", action="store_true", help="no progress bars")
-    return p.parse_args(argv)
+    args = p.parse_args(argv)
+    args.out = args.out or str(Path(args.run) / "report.html")
+    check_outputs(p, args.out)
+    return args
+
+
+def check_outputs(p: argparse.ArgumentParser, page: str) -> None:
+    """The page's record and figures go beside it: each is refused as the page is (someone else's file or
+    folder there), before any work; so is a page named .json, which its record would replace."""
+    where = outputs(page)
+    for what, path, domain in where:
+        try:
+            domain(path)
+        except argparse.ArgumentTypeError as e:
+            p.error(f"argument --out: {what}: {e}")
+    if len({Path(path).resolve() for _, path, _ in where}) < len(where):
+        p.error(f"argument --out: {page} ends in .json, the name of the page's record beside it: give the page "
+                "another suffix (.html)")
 
 
 def run(args: argparse.Namespace) -> Path:
@@ -61,7 +79,7 @@ def run(args: argparse.Namespace) -> Path:
     except RuntimeError as e:  # cuda asked for but absent
         raise ValueError(str(e)) from None
     prep = prepare(the_run.best, data_root(the_run, args.data), device=device, prog="report.py")
-    out = Path(args.out) if args.out else the_run.root / "report.html"
+    out = Path(args.out)
     opts = FigureOptions(train_images=args.train_images, seed=args.seed, batch_size=args.batch_size,
                          progress=not args.no_progress)
     write_report(the_run, prep, out, opts, device)

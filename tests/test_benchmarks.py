@@ -132,10 +132,12 @@ def test_large_batch_gap_and_share_closed():
 
 def test_an_existing_json_is_not_replaced_without_force(tmp_path, capsys):
     """A kept measurement (docs/benchmarks/*.json) survives a benchmark pointed at it: refused before the
-    run, in one line; every subcommand takes the same rule."""
+    run, in one line; every subcommand takes the same rule. A file that is no benchmark's output is refused
+    even with --force (it is not a measurement to replace)."""
     from tests.conftest import load_script
-    kept = tmp_path / "kept.json"
-    kept.write_text('{"kept": true}')
+    kept, foreign = tmp_path / "kept.json", tmp_path / "notes.json"
+    kept.write_bytes((REPO / "docs" / "benchmarks" / "read_cpu.json").read_bytes())
+    foreign.write_text('{"kept": true}')
     import argparse
 
     from tests.parsers import script_parser
@@ -148,4 +150,9 @@ def test_an_existing_json_is_not_replaced_without_force(tmp_path, capsys):
             main([what, "--json", str(kept)])
         err = capsys.readouterr().err.strip()
         assert e.value.code == 2 and len(err.splitlines()) == 1 and "--force" in err and str(kept) in err, err
-    assert kept.read_text() == '{"kept": true}'
+        with pytest.raises(SystemExit) as e:
+            main([what, "--json", str(foreign), "--force"])
+        err = capsys.readouterr().err.strip()
+        assert e.value.code == 2 and len(err.splitlines()) == 1 and f"{foreign} exists and is not a benchmark" in err
+    assert kept.read_bytes() == (REPO / "docs" / "benchmarks" / "read_cpu.json").read_bytes()
+    assert foreign.read_text() == '{"kept": true}'

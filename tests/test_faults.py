@@ -491,8 +491,11 @@ def test_ctrl_c_during_evaluate_is_one_line_and_keeps_earlier_outputs(train_data
                                                                        monkeypatch, capsys):
     import alexnet.evaluation as ev
     js, cs = tmp_path / "eval.json", tmp_path / "pred.csv"
-    js.write_text("earlier\n")
-    cs.write_text("earlier\n")
+    # earlier outputs of evaluate.py (anything else at --json or --csv is refused before it starts)
+    earlier_json = '{"top1_err": 0.5, "top5_err": 0.25, "n": 4, "crops": 1}\n'
+    earlier_csv = ",".join(ev.CSV_HEADER) + "\r\nimg,1\r\n"
+    js.write_text(earlier_json)
+    cs.write_bytes(earlier_csv.encode())
     calls, real = [], ev.predict_log_probs
 
     def interrupted(*a, **k):
@@ -507,7 +510,7 @@ def test_ctrl_c_during_evaluate_is_one_line_and_keeps_earlier_outputs(train_data
     assert code == 128 + signal.SIGINT
     assert one_line(capsys.readouterr().err) == ("evaluate.py: interrupted; nothing written (earlier outputs are "
                                                  "unchanged)")
-    assert js.read_text() == cs.read_text() == "earlier\n"
+    assert js.read_text() == earlier_json and cs.read_bytes() == earlier_csv.encode()
     assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith(".")) == []
 
 

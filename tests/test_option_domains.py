@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from data.domains import AnyOf, Domain, InputPath, OutputPath
+from data.domains import AnyOf, Domain, Earlier, InputPath, OneLineParser, OutputPath, holding, json_holding, starting_with
 from tests import children
 from tests.conftest import REPO
 from tests.parsers import script_parser
@@ -92,6 +92,20 @@ def test_every_output_argument_declares_where_it_may_write(every_path_argument):
     assert len([1 for _, _, a in named if isinstance(a.type, OutputPath)]) >= 15
 
 
+# Files no tool wrote, of the kinds the tools write and read: each is refused at every output file option.
+_FOREIGN_FILES = {
+    "config.yaml": (REPO / "configs" / "demo.yaml").read_bytes(),
+    "meta.json": b'{"format_version": 2, "classes": 4, "dataset": "a1b2"}\n',
+    "empty.json": b"",
+    "list.json": b"[]",
+    "object.json": b"{}",
+    "notes.csv": b"name,label\r\nx,1\r\n",
+    "page.html": b"<!DOCTYPE html><html><head><title>x: report</title></head></html>",
+    "figure.png": b"\x89PNG\r\n\x1a\n\x00\x00\x00\x00Software\x00Matplotlib",
+    "weights.pt": b"PK\x03\x04" + bytes(60),
+}
+
+
 def _bad_outputs(kind: str, tmp: Path) -> dict[str, str]:
     """Texts an output of `kind` must refuse, made under `tmp`, with the words the refusal must hold."""
     a_file, foreign = tmp / "a_file", tmp / "someone_elses"
@@ -107,6 +121,9 @@ def _bad_outputs(kind: str, tmp: Path) -> dict[str, str]:
     if kind == "file":
         bad[str(tmp)] = "is a folder"
         bad["."] = "is a folder"
+        for name, content in _FOREIGN_FILES.items():  # someone else's file, where the tool would write
+            (tmp / name).write_bytes(content)
+            bad[str(tmp / name)] = f"{tmp / name} exists and is not "
     else:
         bad[str(foreign)] = "holds files this tool did not write ('mine.txt')"
         # a folder of the tool's own names (hidden ones are every tool's) holding a pipe, in a subfolder:
@@ -245,9 +262,13 @@ def test_an_unreadable_input_is_refused(tmp_path, monkeypatch):
 def test_an_output_takes_a_new_path_and_its_own_earlier_output(tmp_path):
     """What the tools must keep accepting: a new file or folder, an existing file (replaced as the tool's
     rules say), an empty folder, a folder holding only the tool's own names and hidden files."""
-    assert OutputPath("file")(str(tmp_path / "new" / "x.json")) == str(tmp_path / "new" / "x.json")
-    (tmp_path / "old.json").write_text("{}")
-    assert OutputPath("file")(str(tmp_path / "old.json"))
+    mine = OutputPath("file", earlier=json_holding("mine", ("a",)))
+    assert mine(str(tmp_path / "new" / "x.json")) == str(tmp_path / "new" / "x.json")
+    (tmp_path / "old.json").write_text('{"a": 1, "b": 2}')
+    assert mine(str(tmp_path / "old.json"))
+    (tmp_path / "other.json").write_text('{"b": 2}')
+    with pytest.raises(argparse.ArgumentTypeError, match=r"other.json exists and is not mine: name a new file"):
+        mine(str(tmp_path / "other.json"))
     own = OutputPath("folder", own=("*.png", "cache"))
     for name in ("empty", "mine"):
         (tmp_path / name).mkdir()
@@ -257,6 +278,9 @@ def test_an_output_takes_a_new_path_and_its_own_earlier_output(tmp_path):
     assert OutputPath("either", own=("*.npy",))(str(tmp_path / "w.pt"))
     with pytest.raises(ValueError, match="kind must be"):
         OutputPath("dir")
+    for kind, earlier in (("file", None), ("folder", mine.earlier), ("either", mine.earlier)):
+        with pytest.raises(ValueError, match="how it knows its own earlier output"):
+            OutputPath(kind, earlier=earlier)
 
 
 def refusals(every_option, inputs: Path | None = None):
@@ -368,3 +392,64 @@ def test_input_path_messages_by_hand(tmp_path):
     with pytest.raises(argparse.ArgumentTypeError) as e:
         InputPath("either", names=("alexnet", "caffenet"))(str(missing))
     assert str(e.value) == f"{missing} does not exist, and is not one of the names (alexnet, caffenet)"
+
+
+def test_an_earlier_output_is_known_by_what_it_holds(tmp_path, monkeypatch):
+    """By hand: each way a tool knows its own file, on files that are and are not its own."""
+    def at(name: str, content: bytes) -> Path:
+        (tmp_path / name).write_bytes(content)
+        return tmp_path / name
+    obj, many = json_holding("o", ("a", "b")), json_holding("m", ("a",), many=True)
+    assert obj(at("o1", b'{"a": 1, "b": [], "c": 3}')) and not obj(at("o2", b'{"a": 1}'))
+    assert not obj(at("o3", b'[{"a": 1, "b": 2}]')) and not obj(at("o4", b'{"a": 1, "b": 2')) and not obj(at("o5", b""))
+    assert many(at("m1", b'[{"a": 1}, {"a": 2, "z": 0}]')) and not many(at("m2", b"[]"))
+    assert not many(at("m3", b'[{"a": 1}, {"b": 2}]')) and not many(at("m4", b'{"a": 1}'))
+    assert not many(at("m5", b'[{"a": 1}, 3]'))
+    head = starting_with("h", b"name,label\r\n")
+    assert head(at("h1", b"name,label\r\nx,1\r\n")) and not head(at("h2", b"name,label,other\r\n"))
+    assert not head(at("h3", b"name,lab"))
+    mark = holding("k", b"MARK")
+    assert mark(at("k1", b"\x00" * 9000 + b"MARK" + b"\x00")) and not mark(at("k2", b"MAR"))
+    assert not obj(tmp_path / "missing") and not mark(tmp_path)  # unreadable: not the tool's
+    monkeypatch.setattr(Earlier, "LIMIT", 8)
+    assert not mark(at("k3", b"MARK" + bytes(5))) and mark(at("k4", b"MARK" + bytes(4)))  # never read past LIMIT
+
+
+def _two_paths(tmp_path: Path) -> OneLineParser:
+    p = OneLineParser(prog="tool")
+    p.add_argument("src", type=InputPath("file"))
+    p.add_argument("--json", type=OutputPath("file", earlier=json_holding("j", ("a",))))
+    p.add_argument("--csv", type=OutputPath("file", earlier=starting_with("c", b"a\r\n")))
+    p.add_argument("--also", nargs="*", type=InputPath("file"), default=[])
+    return p
+
+
+def test_one_file_named_twice_where_one_is_written_is_refused(tmp_path, capsys):
+    """Two outputs on one file (the second write would replace the first), or an output on an input: exit 2,
+    one line naming both arguments; two inputs on one file are fine."""
+    p, src, earlier = _two_paths(tmp_path), tmp_path / "in.json", tmp_path / "earlier.json"
+    src.write_text('{"a": 1}')  # each is what --json takes: only the two names together are refused
+    earlier.write_text('{"a": 2}')
+    new, alias = tmp_path / "out", tmp_path / "sub" / ".." / "out"
+    refused = {("--json", "--csv"): [str(src), f"--json={new}", f"--csv={alias}"],
+               ("src", "--json"): [str(src), f"--json={tmp_path / 'sub' / '..' / 'in.json'}"],
+               ("--json", "--also"): [str(src), f"--json={earlier}", "--also", str(src), str(earlier)]}
+    for (first, second), argv in refused.items():
+        (tmp_path / "sub").mkdir(exist_ok=True)
+        with pytest.raises(SystemExit) as e:
+            p.parse_args(argv)
+        err = capsys.readouterr().err.strip().splitlines()
+        assert e.value.code == 2 and len(err) == 1, err
+        assert f"{first} and {second} both name " in err[0], err
+    assert p.parse_args([str(src), "--also", str(src), str(src), f"--json={new}", f"--csv={new}.csv"]).also == [str(src)] * 2
+
+
+def test_evaluate_refuses_its_json_and_csv_on_one_file(tmp_path, capsys):
+    """The check sits in the parser every tool uses: evaluate's own parser, its two outputs on one new file."""
+    from tests.parsers import script_parser
+    parser = script_parser("scripts/evaluate.py")
+    with pytest.raises(SystemExit) as e:
+        parser.parse_args(["--data", str(tmp_path), "--weights", "torchvision", "--json", str(tmp_path / "r"),
+                           "--csv", str(tmp_path / "r")])
+    err = capsys.readouterr().err.strip()
+    assert e.value.code == 2 and "--json and --csv both name" in err and "\n" not in err

@@ -8,6 +8,7 @@ from pathlib import Path
 import torch
 
 from data.batchfile import atomic_write_json
+from data.domains import OutputPath
 from data.meta import check_files
 from data.reader import SplitData
 
@@ -16,6 +17,8 @@ from . import filters, neighbours, predictions
 from .common import class_labels, seeded_choice
 
 FIGURES = ("filters", "predictions", "neighbours")
+# The folder they go to (scripts/figures.py --out, a report's figures/): its own names, nothing else in it.
+FIGURES_FOLDER = OutputPath("folder", own=("*.png", "*.json", "cache"))
 
 
 @dataclass

@@ -19,12 +19,13 @@ import torch
 import yaml
 
 from data.batchfile import atomic_write_bytes, atomic_write_json
+from data.domains import Earlier, OutputPath, json_holding
 
 from ..evaluation import Prepared, evaluate
 from ..metrics import read_metrics
 from . import curves
 from .common import read_entries
-from .make import FigureOptions, make_figures
+from .make import FIGURES_FOLDER, FigureOptions, make_figures
 
 TOP_CLASSES = 10  # rows of the best and worst classes tables
 TOP_CONFUSIONS = 10
@@ -174,8 +175,33 @@ def _page(run: Run, record: dict, images: dict[str, Path]) -> str:
               f"{_class_table('worst-classes', record['worst_classes'])}</div></div>",
               "<h3>Most confused pairs (true class, top-1 prediction)</h3>", _confusion_table(record["confusions"]),
               "<h2>Config (config.yaml)</h2>", f"<pre>{_e(run.config_text) or '(no config.yaml)'}</pre>"]
-    return (f"<!DOCTYPE html><html lang=en><head><meta charset=utf-8><title>{_e(run.root.resolve().name)}: "
-            f"report</title><style>{_STYLE}</style></head><body>{''.join(parts)}</body></html>\n")
+    return (f"{_HEAD.decode()}{_e(run.root.resolve().name)}: report</title><style>{_STYLE}</style></head>"
+            f"<body>{''.join(parts)}</body></html>\n")
+
+
+_HEAD = b"<!DOCTYPE html><html lang=en><head><meta charset=utf-8><title>"
+
+
+def _is_page(path: Path) -> bool:
+    """The head render() writes: a title naming the run (escaped, so at most a few KB), then ": report"."""
+    with open(path, "rb") as f:
+        head = f.read(8192)
+    return head.startswith(_HEAD) and b": report</title><style>" in head
+
+
+# What an existing page and record must be for a new run to replace them (data.domains.OutputPath).
+EARLIER_PAGE = Earlier("an earlier report.py page", _is_page)
+EARLIER_RECORD = json_holding("an earlier report.py record (JSON with run, evaluation, best_checkpoint)",
+                              ("run", "evaluation", "best_checkpoint"))
+PAGE = OutputPath("file", earlier=EARLIER_PAGE)
+
+
+def outputs(page: str | os.PathLike) -> list[tuple[str, str, OutputPath]]:
+    """What a report whose page is `page` writes, as write_report names it: (what, where, its domain)."""
+    page = Path(page)
+    return [("the page", str(page), PAGE),
+            ("its record", str(page.with_suffix(".json")), OutputPath("file", earlier=EARLIER_RECORD)),
+            ("its figures", str(page.parent / "figures"), FIGURES_FOLDER)]
 
 
 def _e(text: str) -> str:

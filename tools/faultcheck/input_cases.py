@@ -182,6 +182,42 @@ def _theano_back(work: Work) -> Path:
 
 
 RUN_DONE = _file_exists("run", "checkpoints", "last.pt")
+_USERS = b"the user's own file\n"
+
+
+def _users_file(work: Work, name: str) -> Path:
+    path = work.w / name
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(_USERS)
+    return path
+
+
+def _users_file_unchanged(name: str):
+    return lambda w: None if (w.w / name).read_bytes() == _USERS else f"{name} was replaced"
+
+
+def _nothing_at(name: str):
+    return lambda w: f"{name} was written" if (w.w / name).exists() else None
+
+
+def _data_copy(work: Work) -> Path:
+    return work.copy(work.ctx.data(), "data")
+
+
+def _run_with_users_image(work: Work) -> Path:
+    run = work.copy(work.ctx.run, "run")
+    _users_file(work, "run/learning_curve.png")
+    return run
+
+
+
+def _pipe(work: Work, name: str = "weights.pt") -> Path:
+    import os
+    path = work.w / name
+    os.mkfifo(path)
+    return path
+
+
 CASES = [
     # 1. the config's YAML
     Case("config-alias-bomb", "traceback", "a 300-byte YAML alias bomb (9^8 values once expanded) as config.yaml",
@@ -297,12 +333,20 @@ CASES = [
     Case("train-run-dir-holds-a-pipe", "hang", "a run directory whose metrics.jsonl is a named pipe", 2,
          ("run.dir=", "holds metrics.jsonl", "not a regular file"), _run_dir_with_a_pipe, no_checkpoint,
          timeout=60),
+    # One file, two writers: an output file over a file the tool did not make, two outputs on one file.
+    Case("evaluate-json-over-users-config", "lost", "evaluate.py --json naming the user's config.yaml (replaced)", 2,
+         ("--json", "{w}/config.yaml", "exists and is not"),
+         lambda w: ev(w, "--json", _users_file(w, "config.yaml")), _users_file_unchanged("config.yaml")),
+    Case("evaluate-json-and-csv-one-file", "lost", "evaluate.py --json and --csv naming one new file (the CSV "
+         "replaced by the JSON)", 2, ("--json and --csv both name", "{w}/results"),
+         lambda w: ev(w, "--json", w.w / "results", "--csv", w.w / "results"), _nothing_at("results")),
+    Case("report-out-beside-data-meta", "lost", "report.py --out DATA/meta.html (its record, meta.html's .json, "
+         "would replace the data's meta.json)", 2, ("--out", "its record", "meta.json", "exists and is not"),
+         lambda w: ["scripts/report.py", str(w.ctx.run), "--no-progress", "--out", str(_data_copy(w) / "meta.html")],
+         lambda w: None if (w.w / "data" / "meta.json").read_bytes() == (w.ctx.data() / "meta.json").read_bytes()
+         else "the data's meta.json was replaced"),
+    Case("plot-default-over-users-image", "lost", "plot.py RUN where RUN/learning_curve.png is the user's own "
+         "image", 2, ("--out (default)", "learning_curve.png", "exists and is not"),
+         lambda w: ["scripts/plot.py", str(_run_with_users_image(w))],
+         _users_file_unchanged("run/learning_curve.png")),
 ]
-
-
-
-def _pipe(work: Work, name: str = "weights.pt") -> Path:
-    import os
-    path = work.w / name
-    os.mkfifo(path)
-    return path

@@ -7,8 +7,9 @@
   writing, in run.dir and its checkpoints/ folder: a kill -9 during a save leaves a whole checkpoint.
 - ``config.yaml`` is the config of the latest start; a different earlier one is kept beside it as
   ``config.prev-N.yaml`` (N = 1, 2, ... in order), so a resumed run keeps the record of what it ran with.
-- run.dir is a new or empty folder, or already a run's (it holds what train.py writes first: ``.lock``,
-  ``metrics.jsonl``, ``checkpoints/``): an empty value, ``/``, or a folder of other files
+- run.dir is a new or empty folder (hidden names aside), or already a run's (it holds ``metrics.jsonl`` or
+  ``checkpoints/``, or only its ``.lock`` and configs: a run that died as it started; a lock alone is any
+  tool's, a preprocessed output's too): an empty value, ``/``, or a folder of other files
   (the working directory as ``run.dir=.``) is refused before anything is written, since the run would
   write its files among them and keep the user's own ``config.yaml`` as ``config.prev-1.yaml``.
 """
@@ -27,7 +28,10 @@ from .config import ConfigError
 from .launch import ENV_LOCK_FD  # set for the replicas of train.py's launcher, which holds the lock
 
 _PREVIOUS = re.compile(r"^config\.prev-(\d+)\.yaml$")
-RUN_FILES = (".lock", "metrics.jsonl", "checkpoints")  # any of them: a run's folder (config.yaml alone is not)
+RUN_FILES = ("metrics.jsonl", "checkpoints")  # either: a run's folder (config.yaml alone is not)
+# What a run writes before those, after taking its lock: a folder holding a lock and only these is a run's too
+# (one that died early). A lock alone is not: every tool that writes a folder locks it (a preprocessed output).
+FIRST_FILES = re.compile(r"^config(\.prev-\d+)?\.yaml$")
 
 
 def check_run_dir(run_dir: str | os.PathLike) -> None:
@@ -43,7 +47,9 @@ def check_run_dir(run_dir: str | os.PathLike) -> None:
         raise ConfigError(special)
     if not path.is_dir() or any((path / name).exists() for name in RUN_FILES):
         return
-    others = sorted(p.name for p in path.iterdir())
+    others = sorted(p.name for p in path.iterdir() if not p.name.startswith("."))
+    if (path / ".lock").exists() and all(FIRST_FILES.match(name) for name in others):
+        return
     if others:
         where = " (the working directory)" if path.resolve() == Path.cwd().resolve() else ""
         raise ConfigError(f"run.dir={run_dir}{where} holds files that are not a training run's ({others[0]!r}"

@@ -19,7 +19,17 @@ from pathlib import Path
 
 import pytest
 
-from data.domains import AnyOf, Domain, Earlier, InputPath, OneLineParser, OutputPath, holding, json_holding, starting_with
+from data.domains import (
+    AnyOf,
+    Domain,
+    Earlier,
+    InputPath,
+    OneLineParser,
+    OutputPath,
+    holding,
+    json_holding,
+    starting_with,
+)
 from tests import children
 from tests.conftest import REPO
 from tests.parsers import script_parser
@@ -126,6 +136,11 @@ def _bad_outputs(kind: str, tmp: Path) -> dict[str, str]:
             bad[str(tmp / name)] = f"{tmp / name} exists and is not "
     else:
         bad[str(foreign)] = "holds files this tool did not write ('mine.txt')"
+        pictures = tmp / "pictures"  # the kinds of files tools write, but the user's (figures took any .png)
+        pictures.mkdir(exist_ok=True)
+        for name in ("holiday.png", "table.json"):
+            (pictures / name).write_text("the user's")
+        bad[str(pictures)] = "holds files this tool did not write ('holiday.png' and 1 more)"
         # a folder of the tool's own names (hidden ones are every tool's) holding a pipe, in a subfolder:
         # the tool opens its own files by name later, and a pipe blocks it for ever
         with_pipe = tmp / "with_a_pipe"
@@ -441,7 +456,8 @@ def test_one_file_named_twice_where_one_is_written_is_refused(tmp_path, capsys):
         err = capsys.readouterr().err.strip().splitlines()
         assert e.value.code == 2 and len(err) == 1, err
         assert f"{first} and {second} both name " in err[0], err
-    assert p.parse_args([str(src), "--also", str(src), str(src), f"--json={new}", f"--csv={new}.csv"]).also == [str(src)] * 2
+    taken = p.parse_args([str(src), "--also", str(src), str(src), f"--json={new}", f"--csv={new}.csv"])
+    assert taken.also == [str(src)] * 2
 
 
 def test_evaluate_refuses_its_json_and_csv_on_one_file(tmp_path, capsys):
@@ -453,3 +469,42 @@ def test_evaluate_refuses_its_json_and_csv_on_one_file(tmp_path, capsys):
                            "--csv", str(tmp_path / "r")])
     err = capsys.readouterr().err.strip()
     assert e.value.code == 2 and "--json and --csv both name" in err and "\n" not in err
+
+
+# Which scripts take each tool's output folder for their own (their --out, or the folder they upgrade).
+MAKERS = {"a synthetic tree": {"scripts/make_synthetic.py"},
+          "a preprocessed output": {"scripts/preprocess.py", "scripts/upgrade_data.py"},
+          "a run's folder": {"train.py"}}
+
+
+@pytest.fixture(scope="module")
+def tools_folders(synth, train_data, tmp_path_factory) -> dict[str, Path]:
+    """Real output folders: make_synthetic's, preprocess's (locked while written: it keeps a .lock), and a
+    run's folder as train.py starts it (its lock held, config.yaml written)."""
+    from alexnet import rundir
+    run = tmp_path_factory.mktemp("tools_folders") / "run"
+    with rundir.hold(run):
+        rundir.write_config(run, (REPO / "configs" / "demo.yaml").read_text())
+    assert (train_data / ".lock").is_file()
+    return {"a synthetic tree": synth[0], "a preprocessed output": train_data, "a run's folder": run}
+
+
+def test_no_tool_takes_another_tools_output_folder_for_its_own(every_path_argument, tools_folders):
+    """Every folder output of every script (as the parsers define them) and run.dir refuse each other tool's
+    output folder: before, run.dir=<a preprocessed output> trained into it (its .lock read as a run's)."""
+    from alexnet import rundir
+    from alexnet.config import ConfigError
+    outputs = [(s, a) for s, _, a, _ in every_path_argument if isinstance(a.type, OutputPath) and a.type.kind != "file"]
+    assert len(outputs) >= 6
+    wrong = [f"{script} {(a.option_strings or [a.dest])[-1]} takes {what} ({folder})"
+             for script, a in outputs for what, folder in tools_folders.items()
+             if script not in MAKERS[what] and not _refuses(a.type, str(folder))]
+    for what, folder in tools_folders.items():
+        try:
+            rundir.check_run_dir(folder)
+            if "train.py" not in MAKERS[what]:
+                wrong.append(f"run.dir takes {what} ({folder})")
+        except ConfigError as e:
+            if "train.py" in MAKERS[what]:
+                wrong.append(f"run.dir refuses {what}: {e}")
+    assert not wrong, "\n".join(wrong)

@@ -144,3 +144,25 @@ def test_check_run_dir_words_by_hand(tmp_path, monkeypatch):
         first = sorted(["metrics.jsonl", "checkpoints/last.pt", ".lock"][:count])[0]
         more = f" and {count - 1} more" if count > 1 else ""
         assert refusal(run) == f"run.dir={run} holds {first}{more}{tail}"
+
+
+@pytest.mark.parametrize("names, taken", [
+    ((".lock", "config.yaml"), True),                        # a run that died as it started
+    ((".lock", "config.yaml", "config.prev-2.yaml"), True),  # ... a second time, with another config
+    ((".lock",), True),                                      # ... before its config
+    ((".lock", "meta.json", "mean.npy"), False),             # a preprocessed output: its lock is not a run's
+    ((".lock", "config.yaml", "notes.txt"), False),
+    (("config.yaml",), False),                               # the user's own config, no run started here
+    ((".lock", "config.prev-x.yaml"), False),
+])
+def test_a_lock_marks_a_runs_folder_only_beside_its_configs(tmp_path, names, taken):
+    from alexnet.config import ConfigError
+    run = tmp_path / "run"
+    run.mkdir()
+    for name in names:
+        (run / name).write_text("")
+    if taken:
+        rundir.check_run_dir(run)
+    else:
+        with pytest.raises(ConfigError, match="holds files that are not a training run's"):
+            rundir.check_run_dir(run)

@@ -224,7 +224,8 @@ def _parses_over_its_own_output(argv: list[str]) -> None:
     try:
         parse(argv[1:])
     except SystemExit as e:
-        raise AssertionError(f"{' '.join(argv)}: refuses what it wrote itself (exit {e.code}; its message above)")
+        raise AssertionError(f"{' '.join(argv)}: refuses what it wrote itself (exit {e.code}; its message "
+                             "above)") from None
 
 
 def _each_moment(tool: str, case: Case, work: Path, salt: str = ""):

@@ -17,8 +17,11 @@ from . import filters, neighbours, predictions
 from .common import class_labels, seeded_choice
 
 FIGURES = ("filters", "predictions", "neighbours")
-# The folder they go to (scripts/figures.py --out, a report's figures/): its own names, nothing else in it.
-FIGURES_FOLDER = OutputPath("folder", own=("*.png", "*.json", "cache"))
+# The folder they go to (scripts/figures.py --out, a report's figures/, where the report adds its curves): its
+# own names, nothing else in it (not any .png: a folder of the user's pictures is not the tool's).
+CURVES = ("curves", "throughput")
+FIGURES_FOLDER = OutputPath("folder", own=(*(f"{name}.{ext}" for name in FIGURES for ext in ("png", "json")),
+                                           *(f"{name}.png" for name in CURVES), "cache"))
 
 
 @dataclass

@@ -25,7 +25,7 @@ from ..evaluation import Prepared, evaluate
 from ..metrics import read_metrics
 from . import curves
 from .common import read_entries
-from .make import FIGURES_FOLDER, FigureOptions, make_figures
+from .make import CURVES, FIGURES_FOLDER, FigureOptions, make_figures
 
 TOP_CLASSES = 10  # rows of the best and worst classes tables
 TOP_CONFUSIONS = 10
@@ -137,14 +137,14 @@ def write_report(run: Run, prep: Prepared, out: str | os.PathLike, opts: FigureO
                           batch_size=opts.batch_size, progress=opts.progress)
     figures = make_figures(run.best, prep, folder, opts, device)
     name = run.root.resolve().name
-    curves.draw_curves(run.records, f"{name}: learning curves", folder / "curves.png")
-    curves.draw_throughput(run.records, f"{name}: training throughput", folder / "throughput.png")
+    images = {k: folder / f"{k}.png" for k in (*CURVES, *figures)}  # CURVES: the names the folder allows
+    curves.draw_curves(run.records, f"{name}: learning curves", images["curves"])
+    curves.draw_throughput(run.records, f"{name}: training throughput", images["throughput"])
     best, worst = class_rows(evaluation)
     record = {"run": str(run.root), "data": str(prep.data.root), "best_checkpoint": str(run.best),
               "checkpoints": checkpoint_rows(run), "evaluation": evaluation, "best_classes": best,
               "worst_classes": worst, "confusions": evaluation["confusions"][:TOP_CONFUSIONS],
               "figures": {k: v["png"] for k, v in figures.items()}}
-    images = {k: folder / f"{k}.png" for k in ("curves", "throughput", *figures)}
     atomic_write_bytes(out, _page(run, record, images).encode())
     atomic_write_json(out.with_suffix(".json"), record)
     return record

@@ -204,6 +204,11 @@ def _data_copy(work: Work) -> Path:
     return work.copy(work.ctx.data(), "data")
 
 
+def _data_unchanged(work: Work) -> str | None:
+    added = sorted({p.name for p in (work.w / "data").iterdir()} - {p.name for p in work.ctx.data().iterdir()})
+    return f"wrote {', '.join(added)} into the data" if added else None
+
+
 def _run_with_users_image(work: Work) -> Path:
     run = work.copy(work.ctx.run, "run")
     _users_file(work, "run/learning_curve.png")
@@ -349,4 +354,7 @@ CASES = [
          "image", 2, ("--out (default)", "learning_curve.png", "exists and is not"),
          lambda w: ["scripts/plot.py", str(_run_with_users_image(w))],
          _users_file_unchanged("run/learning_curve.png")),
+    Case("train-run-dir-a-preprocessed-output", "lost", "run.dir naming a preprocessed output (its .lock was taken "
+         "for a run's: the run wrote config.yaml, metrics.jsonl and checkpoints/ among the data)", 2,
+         ("run.dir=", "{w}/data", "not a training run's"), lambda w: tr(w, run=_data_copy(w)), _data_unchanged),
 ]

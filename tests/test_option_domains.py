@@ -282,7 +282,8 @@ def test_an_output_takes_a_new_path_and_its_own_earlier_output(tmp_path):
     (tmp_path / "old.json").write_text('{"a": 1, "b": 2}')
     assert mine(str(tmp_path / "old.json"))
     (tmp_path / "other.json").write_text('{"b": 2}')
-    with pytest.raises(argparse.ArgumentTypeError, match=r"other.json exists and is not mine: name a new file"):
+    with pytest.raises(argparse.ArgumentTypeError, match=r"other.json exists and is not mine: name a new file, or move "
+                       r"that one away first$"):
         mine(str(tmp_path / "other.json"))
     own = OutputPath("folder", own=("*.png", "cache"))
     for name in ("empty", "mine"):
@@ -294,7 +295,8 @@ def test_an_output_takes_a_new_path_and_its_own_earlier_output(tmp_path):
     with pytest.raises(ValueError, match="kind must be"):
         OutputPath("dir")
     for kind, earlier in (("file", None), ("folder", mine.earlier), ("either", mine.earlier)):
-        with pytest.raises(ValueError, match="how it knows its own earlier output"):
+        with pytest.raises(ValueError, match=r"^an output file says how it knows its own earlier output \(earlier=\), "
+                           r"and only a file$"):
             OutputPath(kind, earlier=earlier)
 
 
@@ -426,6 +428,7 @@ def test_an_earlier_output_is_known_by_what_it_holds(tmp_path, monkeypatch):
     mark = holding("k", b"MARK")
     assert mark(at("k1", b"\x00" * 9000 + b"MARK" + b"\x00")) and not mark(at("k2", b"MAR"))
     assert not obj(tmp_path / "missing") and not mark(tmp_path)  # unreadable: not the tool's
+    assert (obj.what, many.what, head.what, mark.what) == ("o", "m", "h", "k")  # what the refusal calls it
     monkeypatch.setattr(Earlier, "LIMIT", 8)
     assert not mark(at("k3", b"MARK" + bytes(5))) and mark(at("k4", b"MARK" + bytes(4)))  # never read past LIMIT
 
@@ -433,22 +436,24 @@ def test_an_earlier_output_is_known_by_what_it_holds(tmp_path, monkeypatch):
 def _two_paths(tmp_path: Path) -> OneLineParser:
     p = OneLineParser(prog="tool")
     p.add_argument("src", type=InputPath("file"))
-    p.add_argument("--json", type=OutputPath("file", earlier=json_holding("j", ("a",))))
+    p.add_argument("-j", "--json", type=OutputPath("file", earlier=json_holding("j", ("a",))))
     p.add_argument("--csv", type=OutputPath("file", earlier=starting_with("c", b"a\r\n")))
-    p.add_argument("--also", nargs="*", type=InputPath("file"), default=[])
+    p.add_argument("--also", nargs="*", type=InputPath("file", names=("pub",)), default=[])
+    p.add_argument("--weights", type=InputPath("file", names=("pub",)))  # a published name, not a file here
+    p.add_argument("--absent", type=InputPath("file"), default=argparse.SUPPRESS)  # no attribute when not given
     return p
 
 
-def test_one_file_named_twice_where_one_is_written_is_refused(tmp_path, capsys):
+def test_one_file_named_twice_where_one_is_written_is_refused(tmp_path, capsys, monkeypatch):
     """Two outputs on one file (the second write would replace the first), or an output on an input: exit 2,
     one line naming both arguments; two inputs on one file are fine."""
     p, src, earlier = _two_paths(tmp_path), tmp_path / "in.json", tmp_path / "earlier.json"
     src.write_text('{"a": 1}')  # each is what --json takes: only the two names together are refused
     earlier.write_text('{"a": 2}')
     new, alias = tmp_path / "out", tmp_path / "sub" / ".." / "out"
-    refused = {("--json", "--csv"): [str(src), f"--json={new}", f"--csv={alias}"],
-               ("src", "--json"): [str(src), f"--json={tmp_path / 'sub' / '..' / 'in.json'}"],
-               ("--json", "--also"): [str(src), f"--json={earlier}", "--also", str(src), str(earlier)]}
+    refused = {("-j/--json", "--csv"): [str(src), f"--json={new}", f"--csv={alias}"],
+               ("src", "-j/--json"): [str(src), f"--json={tmp_path / 'sub' / '..' / 'in.json'}"],
+               ("-j/--json", "--also"): [str(src), f"--json={earlier}", "--also", "pub", str(earlier)]}
     for (first, second), argv in refused.items():
         (tmp_path / "sub").mkdir(exist_ok=True)
         with pytest.raises(SystemExit) as e:
@@ -456,8 +461,14 @@ def test_one_file_named_twice_where_one_is_written_is_refused(tmp_path, capsys):
         err = capsys.readouterr().err.strip().splitlines()
         assert e.value.code == 2 and len(err) == 1, err
         assert f"{first} and {second} both name " in err[0], err
-    taken = p.parse_args([str(src), "--also", str(src), str(src), f"--json={new}", f"--csv={new}.csv"])
-    assert taken.also == [str(src)] * 2
+    assert err[0] == (f"tool: error: -j/--json and --also both name {earlier}: a command writes one file once, and "
+                      "never over what it reads (see --help)")
+    ns = argparse.Namespace()
+    taken = p.parse_args([str(src), "--also", str(src), str(src), f"--json={new}", f"--csv={new}.csv"], namespace=ns)
+    assert taken is ns and taken.also == [str(src)] * 2
+    (tmp_path / "work").mkdir()
+    monkeypatch.chdir(tmp_path / "work")  # a published name is not the file of that name here: no clash with --json pub
+    assert p.parse_args([str(src), "--weights", "pub", "--also", "pub", "--json", "pub"]).json == "pub"
 
 
 def test_evaluate_refuses_its_json_and_csv_on_one_file(tmp_path, capsys):

@@ -46,3 +46,15 @@ def script_parser(path: str) -> argparse.ArgumentParser:
     finally:
         mp.undo()
     raise AssertionError(f"{path}: main() did not parse its arguments")
+
+
+def parses_over_its_own_output(argv: list[str]) -> None:
+    """A finished command's arguments parsed again (in this process) over what it wrote: each file or folder
+    the tool wrote where an option said is its own earlier output (data.domains.OutputPath), which a new
+    run replaces or resumes, not someone else's, which it refuses. `argv`: the script, then its arguments."""
+    parse = getattr(load(argv[0]), "parse_args", None) or script_parser(argv[0]).parse_args
+    try:
+        parse(argv[1:])
+    except SystemExit as e:
+        raise AssertionError(f"{' '.join(argv)}: refuses what it wrote itself (exit {e.code}; its message "
+                             "above)") from None

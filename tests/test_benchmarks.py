@@ -13,6 +13,7 @@ import sys
 import pytest
 
 from tests.conftest import REPO, run_script
+from tests.parsers import parses_over_its_own_output
 
 # Its tests start processes (train.py, tools, groups): not in make test-fast (pytest.ini).
 pytestmark = pytest.mark.processes
@@ -99,9 +100,11 @@ def _subparsers():
 def test_large_batch_runs_train_py_and_reports_every_point(tmp_path):
     """large-batch --quick: every optimizer at 4 x B through train.py (the grid's steps are the trainer's),
     the gap table and every sweep point, the grid's marked."""
-    out = tmp_path / "lb.json"
-    r = run_script("scripts/benchmark.py", "large-batch", "--quick", "--json", str(out), cpu_s=300)
+    out, keep = tmp_path / "lb.json", tmp_path / "keep"
+    argv = ["scripts/benchmark.py", "large-batch", "--quick", "--json", str(out), "--keep", str(keep)]
+    r = run_script(*argv, cpu_s=300)
     assert r.returncode == 0, r.stderr
+    parses_over_its_own_output(argv)  # the same command again takes its --json and --keep as its own
     result = json.loads(out.read_text())
     check_keys("large-batch", result, r.stdout)
     rows = {(x["optimizer"], x["batch"]): x for x in result["rows"]}

@@ -22,6 +22,7 @@ import pytest
 
 from tests import figure_runs
 from tests.conftest import REPO, tiny_overrides
+from tests.parsers import parses_over_its_own_output
 from tests.write_points import (
     differences,
     run_inside,
@@ -209,23 +210,10 @@ def uninterrupted(tool: str, case: Case, work: Path) -> tuple[int, dict]:
     outside = written_outside(done.opened, out, (str(work / "trace-"),))
     assert not outside, f"{tool} wrote outside its output {out}: {outside}"
     print(f"{tool}: {moments} moments ({moments // 2} renames)")
-    _parses_over_its_own_output(case.argv(out))
+    parses_over_its_own_output(case.argv(out))
     _UNINTERRUPTED[tool] = moments, snapshot(out, case.ignore)
     shutil.rmtree(out)
     return _UNINTERRUPTED[tool]
-
-
-def _parses_over_its_own_output(argv: list[str]) -> None:
-    """The same command's arguments parsed again (in this process) over the finished output: each file the
-    tool wrote where an option said is its own earlier output (data.domains.OutputPath's `earlier`), which
-    a new run replaces, not someone else's file, which it refuses."""
-    from tests.parsers import load, script_parser
-    parse = getattr(load(argv[0]), "parse_args", None) or script_parser(argv[0]).parse_args
-    try:
-        parse(argv[1:])
-    except SystemExit as e:
-        raise AssertionError(f"{' '.join(argv)}: refuses what it wrote itself (exit {e.code}; its message "
-                             "above)") from None
 
 
 def _each_moment(tool: str, case: Case, work: Path, salt: str = ""):

@@ -41,6 +41,9 @@ from .common import REPO, cpu_name, subcommand
 
 ARCHS = ("alexnet", "alexnet_bn")
 OPTIMIZERS = ("sgd", "lars", "lamb")
+# What --keep holds: the generated images (src, beside data: make_data), their preprocessed data, the runs.
+# A second run with the same --keep takes the folder as its own (it held "src" without naming it: refused).
+KEPT = ("src", "data", "runs")
 # Global lrs at 16 x B: AlexNet's best of the sweep (seed 0; LARS's is also the paper's at 8K); AlexNet-BN's
 # best were 20 and 0.05 on seed 0, barely ahead (see the sweep), so both archs share these. SGD's is its lr
 # at B (x 16 at 16 x B, by linear scaling).
@@ -86,7 +89,7 @@ def add_parser(sub):
     p.add_argument("--jobs", type=COUNT, default=len(os.sched_getaffinity(0)), help="train.py runs at a time")
     p.add_argument("--data", type=InputPath("folder"),
                    help="a preprocessed folder to use (default: generated in a temporary folder)")
-    p.add_argument("--keep", type=OutputPath("folder", own=("data", "runs")),
+    p.add_argument("--keep", type=OutputPath("folder", own=KEPT),
                    help="keep the data and the run directories here (default: a temporary folder)")
     p.add_argument("--quick", action="store_true", help="seconds-long smoke settings: 3 classes, width 0.125, "
                    "2 epochs, B 2 and 4 x B, AlexNet-BN, one seed, one sweep point")

@@ -17,6 +17,7 @@ import torch
 
 from tests import children
 from tests.conftest import REPO
+from tests.parsers import parses_over_its_own_output
 from tests.test_benchmarks import CASES, IN_GPU_BENCH_TWIN, check_keys
 
 # Its tests start processes (train.py, tools, groups): not in make test-fast (pytest.ini).
@@ -132,6 +133,7 @@ def test_cpu_twin_runs_the_check_sequence(runs):
     assert env["device"] == "cpu" and env["gpus"] == 0 and env["torch"] == torch.__version__
     assert r.report["budget_s"] == 1500 and r.report["seconds"] <= r.wall
     assert not (r.out / "work").exists()  # temporary data and checkpoints removed without --keep-work
+    parses_over_its_own_output(["scripts/gpu_check.py", "--device", "cpu", "--out", str(r.out), *RUNS["check"]])
 
 
 @pytest.mark.slow

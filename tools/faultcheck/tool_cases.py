@@ -57,8 +57,12 @@ def slow(*a, **k):
 ev.predict_log_probs = slow"""
 
 
+# An earlier output of evaluate.py (anything else at --json is refused before it starts).
+EARLIER_JSON = b'{"top1_err": 0.5, "top5_err": 0.25, "n": 4, "crops": 1}\n'
+
+
 def _ctrl_c_evaluate(work: Work) -> list[str]:
-    _file(work, "e.json", b"earlier\n")
+    _file(work, "e.json", EARLIER_JSON)
     return inject(SLOW_EVAL.format(mark=str(work.w / "evaluating")), *ev(work, "--json", work.w / "e.json"))
 
 
@@ -68,7 +72,7 @@ def _interrupt_while_evaluating(work: Work, proc: subprocess.Popen) -> None:
 
 
 def _earlier_json_kept(work: Work) -> str | None:
-    return None if (work.w / "e.json").read_bytes() == b"earlier\n" else "the earlier e.json was changed"
+    return None if (work.w / "e.json").read_bytes() == EARLIER_JSON else "the earlier e.json was changed"
 
 
 def _val_truncated(work: Work) -> list[str]:

@@ -52,34 +52,33 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--batch-size", type=positive, default=100, help="images per forward pass (default 100)")
     p.add_argument("--device", type=DEVICE, default="auto", help="auto (cuda if present) | cpu | cuda | cuda:N")
     p.add_argument("--no-progress", action="store_true", help="no progress bars")
-    args = p.parse_args(argv)
-    args.out = args.out or str(Path(args.run) / "report.html")
-    check_outputs(p, args.out)
-    return args
+    return p.parse_args(argv)
 
 
-def check_outputs(p: argparse.ArgumentParser, page: str) -> None:
-    """The page's record and figures go beside it: each is refused as the page is (someone else's file or
-    folder there), before any work; so is a page named .json, which its record would replace."""
+def check_outputs(page: str, default: bool) -> None:
+    """The page, its record and its figures (beside it): each is refused as a given --out is (someone else's
+    file or folder there), before any work; so is a page named .json, which its record would replace."""
+    flag = "--out (default)" if default else "--out"
     where = outputs(page)
     for what, path, domain in where:
         try:
             domain(path)
         except argparse.ArgumentTypeError as e:
-            p.error(f"argument --out: {what}: {e}")
+            raise ValueError(f"argument {flag}: {what}: {e}") from None
     if len({Path(path).resolve() for _, path, _ in where}) < len(where):
-        p.error(f"argument --out: {page} ends in .json, the name of the page's record beside it: give the page "
-                "another suffix (.html)")
+        raise ValueError(f"argument {flag}: {page} ends in .json, the name of the page's record beside it: give "
+                         "the page another suffix (.html)")
 
 
 def run(args: argparse.Namespace) -> Path:
-    the_run = read_run(args.run)
+    the_run = read_run(args.run)  # first: RUN_DIR that is no run's is the fault, not what lies beside it
+    check_outputs(args.out or str(the_run.root / "report.html"), default=args.out is None)
     try:
         device = pick_device(args.device)
     except RuntimeError as e:  # cuda asked for but absent
         raise ValueError(str(e)) from None
     prep = prepare(the_run.best, data_root(the_run, args.data), device=device, prog="report.py")
-    out = Path(args.out)
+    out = Path(args.out or the_run.root / "report.html")
     opts = FigureOptions(train_images=args.train_images, seed=args.seed, batch_size=args.batch_size,
                          progress=not args.no_progress)
     write_report(the_run, prep, out, opts, device)

@@ -177,3 +177,55 @@ def test_a_checkpoint_pruned_while_the_report_reads_is_left_out(run_dir):
     rows = report.checkpoint_rows(run_dir)
     assert [(r["file"], r["same_as"]) for r in rows] == [("epoch_002.pt", ["last.pt"]), ("last.pt", ["epoch_002.pt"]),
                                                          ("best.pt", [])]
+
+
+# -- where the page goes -------------------------------------------------------------------------------------
+
+
+def _started_run(root: Path) -> Path:
+    """What read_run needs (a validation record, a checkpoint file): the outputs are checked before the
+    checkpoint is loaded."""
+    (root / "checkpoints").mkdir(parents=True)
+    (root / "checkpoints" / "best.pt").write_bytes(b"")
+    (root / "metrics.jsonl").write_text('{"split": "val", "epoch": 1, "iter": 6, "top1_err": 0.5}\n')
+    return root
+
+
+@pytest.mark.parametrize("setup, argv, words", [
+    ("report.json", [], "argument --out (default): its record: {run}/report.json exists and is not an earlier "
+                        "report.py record"),
+    ("report.html", [], "argument --out (default): the page: {run}/report.html exists and is not an earlier "
+                        "report.py page"),
+    ("figures/notes.txt", [], "argument --out (default): its figures: {run}/figures holds files this tool did "
+                              "not write ('notes.txt')"),
+    ("", ["--out", "{tmp}/page.json"], "argument --out: {tmp}/page.json ends in .json, the name of the page's "
+                                       "record beside it"),
+    ("meta.json", ["--out", "{tmp}/meta.html"], "argument --out: its record: {tmp}/meta.json exists and is not"),
+])
+def test_the_page_its_record_and_figures_are_refused_over_someone_elses(tmp_path, capsys, setup, argv, words):
+    """The default page and what goes beside a page (its .json record, figures/) are checked as a given --out:
+    before, report.py RUN replaced a report.json or figures/ that were not its own, and --out DATA/meta.html
+    the data's meta.json. Exit 2, one line, nothing changed."""
+    from tests.conftest import load_script
+    run = _started_run(tmp_path / "run")
+    if setup:
+        where = (tmp_path if argv else run) / setup
+        where.parent.mkdir(parents=True, exist_ok=True)
+        where.write_text("the user's")
+    before = sorted((p.relative_to(tmp_path), p.read_bytes() if p.is_file() else b"") for p in tmp_path.rglob("*"))
+    code = load_script("report").main([str(run), "--no-progress", *(a.format(tmp=tmp_path) for a in argv)])
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and len(err.splitlines()) == 1, err
+    assert err.startswith("report.py: error: " + words.format(run=run, tmp=tmp_path)), err
+    assert sorted((p.relative_to(tmp_path), p.read_bytes() if p.is_file() else b"") for p in tmp_path.rglob("*")) \
+        == before
+
+
+def test_a_folder_that_is_no_run_is_named_before_what_lies_beside_it(tmp_path, capsys):
+    """A preprocessed output (it holds its own report.json) given as RUN_DIR: the fault is RUN_DIR."""
+    from tests.conftest import load_script
+    (tmp_path / "report.json").write_text('{"images": 48}')
+    code = load_script("report").main([str(tmp_path), "--no-progress"])
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and err == f"report.py: error: {tmp_path}/metrics.jsonl: missing (not a run directory of " \
+                                 "train.py, or not started yet)"

@@ -35,7 +35,7 @@ from alexnet.cli import protect_streams  # noqa: E402
 from alexnet.config import Config, ConfigError, load_config, summary  # noqa: E402
 from alexnet.distributed import DistInfo, StartError, print0, setup, teardown  # noqa: E402
 from alexnet.launch import launch_local, report_gave_up  # noqa: E402
-from alexnet.preflight import check_run, describe_start  # noqa: E402
+from alexnet.preflight import check_apart, check_run, describe_start  # noqa: E402
 from alexnet.replica import MeshLayout  # noqa: E402
 from alexnet.rundir import ENV_LOCK_FD, check_run_dir, hold, lock_holder_here  # noqa: E402
 from alexnet.trainer import NonFiniteLoss, StopFlag, Trainer  # noqa: E402
@@ -170,6 +170,7 @@ def main(argv: list[str] | None = None) -> int:
         local = cfg.parallel.replicas * cfg.parallel.model_size if "WORLD_SIZE" not in os.environ else 1
         if args.dry_run:
             return dry_run(cfg, int(os.environ.get("WORLD_SIZE", local)))
+        check_apart(cfg)
         with hold(cfg.run.dir) if lock_holder_here() else contextlib.nullcontext() as lock_fd:
             if ENV_LOCK_FD not in os.environ:  # not a replica of our launcher, which checked already
                 check_run(cfg, int(os.environ.get("WORLD_SIZE", local)))

@@ -45,6 +45,7 @@ def check_run(cfg: Config, world: int, dry: bool = False) -> dict:
     replica starts, and a published run.resume_from fetched (not in a `dry` run); returns meta.json.
     DataError / ConfigError (exit 2), OSError for the run.dir or a fetch."""
     meta = read_meta(cfg.data.root)
+    check_apart(cfg)
     splits = ("train", "val") if "val" in meta["splits"] else ("train",)
     check_files(cfg.data.root, meta, splits, mean=cfg.data.mean == "image")
     classes = resolve_num_classes(cfg, meta)
@@ -70,6 +71,16 @@ def check_run(cfg: Config, world: int, dry: bool = False) -> dict:
         except FormatError as e:
             raise DataError(f"run.resume_from: {e}") from None
     return meta
+
+
+def check_apart(cfg: Config) -> None:
+    """run.dir in data.root (or it): the run's files would lie among the data's, which holds only what
+    preprocess wrote (a later preprocess or upgrade_data of it refuses the folder, naming them). Before
+    run.dir is locked (which makes the folder)."""
+    run, data = Path(cfg.run.dir).resolve(), Path(cfg.data.root).resolve()
+    if run == data or data in run.parents:
+        raise ConfigError(f"run.dir={cfg.run.dir} is {'' if run == data else 'inside '}data.root={cfg.data.root}: the "
+                          "run's files would lie among the data's; name a folder outside it")
 
 
 def run_checkpoints(cfg: Config) -> CheckpointDir:

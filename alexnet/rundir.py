@@ -65,14 +65,46 @@ def lock_holder_here() -> bool:
 @contextmanager
 def hold(run_dir: str | os.PathLike) -> Iterator[int]:
     """Lock `run_dir` for this run and remove what dead processes left in it; yields the lock's fd
-    (pass it to child processes to keep the lock held while they live). DirInUse if another run holds it."""
+    (pass it to child processes to keep the lock held while they live). DirInUse if another run holds it.
+    A start refused inside the block (bad data, Ctrl-C) before the run wrote anything leaves no trace: the
+    folders the lock made are removed again."""
     check_run_dir(run_dir)
     run_dir = Path(run_dir)
+    made, lock_made = _first_missing(run_dir), not (run_dir / ".lock").exists()
     with exclusive_dir(run_dir, "training run") as fd:
         for folder in (run_dir, run_dir / "checkpoints"):
             for path in remove_stale_temps(folder):
                 print(f"removed {path}: an unfinished write of a process that died", flush=True)
-        yield fd
+        try:
+            yield fd
+        except BaseException:
+            if lock_made:
+                _unmake(made, run_dir)
+            raise
+
+
+def _first_missing(path: Path) -> Path | None:
+    """The outermost folder of `path` (itself included) that does not exist yet."""
+    missing = [p for p in (path, *path.absolute().parents) if not p.exists()]
+    return missing[-1] if missing else None
+
+
+def _unmake(made: Path | None, run_dir: Path) -> None:
+    """Where run_dir holds its lock alone: remove it, and the folders from run_dir up to `made` (None: none
+    was made), each only while empty (nothing of the run's, nor anyone else's, is removed)."""
+    try:
+        if [p.name for p in run_dir.iterdir()] != [".lock"]:
+            return
+        (run_dir / ".lock").unlink()
+    except OSError:
+        return
+    for folder in (run_dir, *run_dir.absolute().parents) if made is not None else ():
+        try:
+            folder.rmdir()
+        except OSError:  # not empty (another process wrote there meanwhile): kept
+            return
+        if folder.absolute() == made.absolute():
+            return
 
 
 def write_config(run_dir: Path, text: str) -> Path | None:

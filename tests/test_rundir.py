@@ -166,3 +166,60 @@ def test_a_lock_marks_a_runs_folder_only_beside_its_configs(tmp_path, names, tak
     else:
         with pytest.raises(ConfigError, match="holds files that are not a training run's"):
             rundir.check_run_dir(run)
+
+
+@pytest.mark.parametrize("inside", ["", "runs/demo", "train/run"])
+def test_a_run_dir_in_the_data_is_refused_and_nothing_written(train_data, tmp_path, capsys, inside):
+    """run.dir=DATA/runs/demo wrote the run among the preprocessed output's files (a later preprocess of DATA
+    then refused the folder for them): exit 2, one line naming both keys, the data untouched."""
+    import shutil
+
+    import train
+    data = tmp_path / "data"
+    shutil.copytree(train_data, data)
+    before = _tree(data)
+    run = data / inside if inside else data
+    code = train.main([str(REPO / "configs" / "demo.yaml"), f"data.root={data}", f"run.dir={run}", "data.crop=67",
+                       "train.batch_size=8", "run.device=cpu"])
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and len(err.splitlines()) == 1, err
+    assert f"run.dir={run} is {'inside ' if inside else ''}data.root={data}: the run's files would lie among" in err
+    assert _tree(data) == before
+
+
+@pytest.mark.parametrize("before", ["new", "new parents", "empty"])
+def test_a_start_refused_after_the_lock_leaves_no_folder_it_made(tmp_path, capsys, before):
+    """The lock makes run.dir (and its parents) before the data are read: a refusal then (here data.root does
+    not exist) left an empty run.dir holding .lock. Folders that were there before are kept."""
+    import train
+    run = tmp_path / "runs" / "a" / "b" if before == "new parents" else tmp_path / "run"
+    if before == "empty":
+        run.mkdir()
+    existing = _tree(tmp_path)
+    code = train.main([str(REPO / "configs" / "demo.yaml"), f"data.root={tmp_path / 'nope'}", f"run.dir={run}"])
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and "does not exist" in err, err
+    assert tmp_path.is_dir() and _tree(tmp_path) == existing  # the folders above the ones it made are kept
+    if before == "empty":
+        assert not (run / ".lock").exists() and run.is_dir()
+
+
+def test_a_folder_written_meanwhile_is_kept(tmp_path):
+    """Only a run.dir that holds its lock alone is removed, and only the folders the lock made."""
+    from alexnet.config import ConfigError
+    run = tmp_path / "made" / "run"
+    with pytest.raises(ConfigError), rundir.hold(run):
+        (run / "config.yaml").write_text("written by the run\n")
+        raise ConfigError("refused after the run wrote")
+    assert (run / "config.yaml").is_file() and (run / ".lock").is_file()
+    run2 = tmp_path / "made2" / "run"
+    with pytest.raises(KeyboardInterrupt), rundir.hold(run2):
+        (tmp_path / "made2" / "theirs.txt").write_text("another process's\n")
+        raise KeyboardInterrupt
+    assert not run2.exists() and (tmp_path / "made2" / "theirs.txt").is_file()
+    died = tmp_path / "died"  # a run that died after its lock, before its config: its lock is its own
+    died.mkdir()
+    (died / ".lock").write_text("")
+    with pytest.raises(KeyboardInterrupt), rundir.hold(died):
+        raise KeyboardInterrupt
+    assert (died / ".lock").is_file()

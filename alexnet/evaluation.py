@@ -297,6 +297,7 @@ def _csv_rows(path: str | os.PathLike | None) -> Iterator[csv.writer | None]:
     path = Path(path)
     tmp = temp_path(path)
     try:
+        path.parent.mkdir(parents=True, exist_ok=True)  # made with the rows, not when the options were read
         with open(tmp, "w", newline="") as f:
             writer = csv.writer(f)
             writer.writerow(CSV_HEADER)

@@ -84,6 +84,7 @@ def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> None:
     """Write `data` to `path` so that `path` holds either the old or the new content, never a mix."""
     path = Path(path)
     tmp = temp_path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)  # made now, with the result: not before the work
     with _writing(tmp, path):
         with open(tmp, "wb") as f:
             f.write(data)

@@ -238,15 +238,16 @@ def special_entries_words(folder: str | os.PathLike, shown: str) -> str | None:
 
 
 def check_writable(path: str | os.PathLike) -> None:
-    """Raise OSError now if a file cannot be written at `path` later (its folder is created if missing)."""
+    """Raise OSError now if a file cannot be written at `path` later. Nothing is made: a missing folder of
+    it is made by the write itself, once the work is done (a run refused meanwhile leaves no folder); the
+    nearest folder that exists must take new entries."""
     path = Path(path)
     if path.is_dir():
         raise IsADirectoryError(errno.EISDIR, os.strerror(errno.EISDIR), str(path))
-    blocker = next((p for p in path.parents if p.exists()), None)
+    blocker = next((p for p in path.absolute().parents if p.exists()), None)
     if blocker is not None and not blocker.is_dir():  # mkdir would say "File exists"
         raise NotADirectoryError(errno.ENOTDIR, f"{os.strerror(errno.ENOTDIR)}: {blocker} is a file", str(path))
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tempfile.TemporaryFile(dir=path.parent, prefix=f".{path.name}.probe").close()  # a file can be made there
+    try:  # a file (or the first missing folder) can be made there
+        tempfile.TemporaryFile(dir=blocker, prefix=f".{path.name}.probe").close()
     except OSError as e:  # name the file asked for, not the probe
         raise OSError(e.errno, e.strerror, str(path)) from None

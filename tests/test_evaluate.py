@@ -410,7 +410,7 @@ def test_checkpoint_info_and_trainer_agreement(prep, trained):
 def test_cli_end_to_end_on_a_checkpoint(prep, trained, tmp_path):
     out, _ = prep
     weights = trained / "checkpoints" / "last.pt"
-    js, cs = tmp_path / "res" / "eval.json", tmp_path / "pred.csv"
+    js, cs = tmp_path / "res" / "eval.json", tmp_path / "rows" / "pred.csv"  # folders made by the writes
     r = run_script("scripts/evaluate.py", "--data", str(out), "--weights", str(weights), "--crops", "10",
                    "--json", str(js), "--csv", str(cs), "--batch-size", "5", "--device", "cpu", "--no-progress")
     assert r.returncode == 0, r.stderr

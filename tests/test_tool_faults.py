@@ -2,6 +2,8 @@
 cases): one line naming what is at fault, exit 2 for bad input, 130 for Ctrl-C, and no output written."""
 from __future__ import annotations
 
+import json
+
 import pytest
 import torch
 
@@ -105,3 +107,32 @@ def test_predict_ctrl_c_exits_130_in_one_line(tmp_path, capsys, owt, image, monk
         pytest.fail("Ctrl-C escaped main()")
     assert code == 130
     assert one_line(capsys.readouterr().err) == "predict.py: interrupted" and not (tmp_path / "p.json").exists()
+
+
+def test_a_run_refused_after_its_options_makes_no_folder_for_its_outputs(tmp_path, capsys, train_data, image, owt):
+    """--json and --csv in folders that do not exist yet, and weights refused when loaded (after the options
+    were read): the folders were made before the work and left empty. Exit 2, one line, nothing made."""
+    bad = tmp_path / "bad.pt"
+    bad.write_bytes(b"not weights")
+    runs = {"evaluate": ["--data", str(train_data), "--weights", str(bad), "--json", str(tmp_path / "a" / "b" /
+                                                                                        "e.json"),
+                         "--csv", str(tmp_path / "c" / "e.csv"), "--no-progress"],
+            "predict": [str(bad), image, "--json", str(tmp_path / "d" / "p.json")]}
+    for script, argv in runs.items():
+        assert load_script(script).main(argv) == 2, script
+        assert "cannot be loaded as weights" in one_line(capsys.readouterr().err)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["bad.pt"]
+    assert load_script("predict").main([owt, image, "--json", str(tmp_path / "d" / "p.json")]) == 0  # the write
+    assert [r["image"] for r in json.loads((tmp_path / "d" / "p.json").read_text())] == [image]   # makes it
+
+
+def test_check_writable_makes_nothing_and_names_the_file(tmp_path):
+    from data.fsutil import check_writable
+    check_writable(tmp_path / "new" / "deeper" / "x.json")  # a folder to be made: fine, and not made
+    assert list(tmp_path.iterdir()) == []
+    (tmp_path / "f").write_text("")
+    with pytest.raises(NotADirectoryError, match=f"{tmp_path / 'f'} is a file"):
+        check_writable(tmp_path / "f" / "sub" / "x.json")
+    with pytest.raises(IsADirectoryError):
+        check_writable(tmp_path)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["f"]  # no probe left

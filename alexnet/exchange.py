@@ -27,9 +27,12 @@ in the batch statistics, so averaging them now and then gives the same averages 
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import inspect
 import os
+import re
 import secrets
+import time
 from pathlib import Path
 
 import torch
@@ -112,6 +115,56 @@ class AllReduceAverage:
         """Nothing to release: the buffer is ordinary device memory."""
 
 
+# The CPU twin's shared buffers: files in /dev/shm (RAM), named alexnet-<token>-<rank>-<buffer>. Each maker
+# holds an flock on its files from the moment it makes them until it unlinks them, once every peer has mapped
+# them; a file nobody holds that is older than STALE_AFTER_S was left by a replica killed in that window
+# (any name after the token: those of mutmut's mutants, which it kills at a time limit, are left too).
+SEGMENT = re.compile(r"^alexnet-[0-9a-f]{16}-")
+STALE_AFTER_S = 60.0
+
+
+def shm_folder() -> Path:
+    return Path("/dev/shm") if Path("/dev/shm").is_dir() else Path("/tmp")
+
+
+def make_segment(path: Path, nbytes: int) -> int:
+    """Make the file `path` of `nbytes` bytes, locked: the open descriptor (close it after unlinking)."""
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        os.ftruncate(fd, nbytes)
+    except BaseException:
+        os.close(fd)
+        path.unlink(missing_ok=True)
+        raise
+    return fd
+
+
+def remove_stale_segments(folder: Path) -> list[Path]:
+    """Remove the segments of replicas killed while they shared them (SIGKILL, the OOM killer: nothing of
+    theirs ran to unlink them, and a file in /dev/shm holds its size of RAM until the machine restarts);
+    returns them. A live one is locked by its maker; a young one may not be locked yet."""
+    removed = []
+    for path in sorted(folder.glob("alexnet-*")):
+        if not SEGMENT.match(path.name):
+            continue
+        try:
+            fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+        except OSError:  # unlinked meanwhile by its maker, or not ours to open
+            continue
+        try:
+            if time.time() - os.fstat(fd).st_mtime < STALE_AFTER_S:
+                continue
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            path.unlink(missing_ok=True)
+            removed.append(path)
+        except OSError:  # held by a live maker
+            continue
+        finally:
+            os.close(fd)
+    return removed
+
+
 class IpcAverage:
     """The mean over the replicas of one host, each reading its peers' buffers directly.
 
@@ -154,19 +207,27 @@ class IpcAverage:
         return peers, packed, consumed
 
     def _share_cpu(self, numel: int) -> list[list[torch.Tensor]]:
-        """Shared mappings of files in /dev/shm, unlinked once every peer has mapped them (no leftovers)."""
+        """Shared mappings of files in /dev/shm, unlinked once every peer has mapped them, or when this
+        replica fails first; those a killed replica left are removed by the next start (module note)."""
+        folder = shm_folder()
+        if self.info.rank == 0 and (stale := remove_stale_segments(folder)):
+            more = f" and {len(stale) - 1} more" if len(stale) > 1 else ""
+            print(f"removed {stale[0]}{more}: shared memory of replicas that were killed", flush=True)
         token = self.info.broadcast_object(secrets.token_hex(8), src=0)
-        folder = Path("/dev/shm") if Path("/dev/shm").is_dir() else Path("/tmp")
         name = lambda r, b: folder / f"alexnet-{token}-{r}-{b}"  # noqa: E731
-        for b in range(2):
-            with open(name(self.info.rank, b), "wb") as f:
-                f.truncate(numel * self.dtype.itemsize)
-        self.info.barrier()
-        peers = [[torch.from_file(str(name(r, b)), shared=True, size=numel, dtype=self.dtype) for b in range(2)]
-                 for r in range(self.info.size)]
-        self.info.barrier()
-        for b in range(2):
-            os.unlink(name(self.info.rank, b))
+        held = []
+        try:
+            for b in range(2):
+                held.append(make_segment(name(self.info.rank, b), numel * self.dtype.itemsize))
+            self.info.barrier()
+            peers = [[torch.from_file(str(name(r, b)), shared=True, size=numel, dtype=self.dtype)
+                      for b in range(2)] for r in range(self.info.size)]
+            self.info.barrier()
+        finally:
+            for b in range(len(held)):
+                name(self.info.rank, b).unlink(missing_ok=True)
+            for fd in held:
+                os.close(fd)
         return peers
 
     def _others(self) -> list[int]:  # pragma: no mutate block (CUDA only: its callers are)

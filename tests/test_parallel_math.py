@@ -575,14 +575,18 @@ def test_the_weights_exchange_keeps_a_float64_models_precision(transport):
 
 # -- the weights exchange's own parts ------------------------------------------------------------------------
 
-def _shm_files() -> set[str]:
-    from pathlib import Path
-    folder = Path("/dev/shm") if Path("/dev/shm").is_dir() else Path("/tmp")
-    return {p.name for p in folder.glob("alexnet-*")}
+@pytest.fixture
+def shm(tmp_path, monkeypatch):
+    """The exchange's shared-memory folder, one of this test's own (other suites' runs share /dev/shm)."""
+    from alexnet import exchange
+    folder = tmp_path / "shm"
+    folder.mkdir()
+    monkeypatch.setattr(exchange, "shm_folder", lambda: folder)
+    return folder
 
 
 @pytest.mark.parametrize("transport, impl", [("ipc", "IpcAverage"), ("gloo", "AllReduceAverage")])
-def test_the_weights_exchange_by_transport_its_bytes_and_no_files_left(transport, impl):
+def test_the_weights_exchange_by_transport_its_bytes_and_no_files_left(transport, impl, shm):
     """3 replicas of a model of 6 values and 6 velocities (48 bytes in float32): ipc reads its 2 peers' buffers
     (96 bytes moved per exchange), the all-reduce moves 2 (n - 1) / n of it (64); exchanged at every step by
     default; the shared-memory buffers are unlinked once mapped (nothing in /dev/shm after)."""
@@ -590,7 +594,7 @@ def test_the_weights_exchange_by_transport_its_bytes_and_no_files_left(transport
     from alexnet.optim import build_optimizer
     from layers.sim import SimWorld
     torch.set_default_dtype(torch.float32)
-    world, before = SimWorld(3), _shm_files()
+    world = SimWorld(3)
 
     def member(rank):
         model = torch.nn.Linear(2, 2)
@@ -603,7 +607,85 @@ def test_the_weights_exchange_by_transport_its_bytes_and_no_files_left(transport
     for name, size, sent0, done, sent in world.run(member):
         assert (name, size, sent0, done) == (impl, 48, 0, True)
         assert sent == (96 if transport == "ipc" else 64) and type(sent) is int  # whole bytes
-    assert _shm_files() == before
+    assert list(shm.iterdir()) == []
+
+
+def _segment(folder, name: str, age_s: float):
+    import os
+    import time
+    path = folder / name
+    path.write_bytes(bytes(8))
+    os.utime(path, (time.time() - age_s,) * 2)
+    return path
+
+
+def test_a_killed_replicas_shared_memory_is_removed_at_the_next_start(shm, capsys):
+    """A replica killed while its buffers were shared (between making and unlinking them) left them in
+    /dev/shm, RAM until the machine restarts. The next ipc start removes a segment nobody holds that is older
+    than a minute, and says so once; one held by its maker (a live run beside this one), one made a moment
+    ago (its maker about to lock it) and a file named otherwise are kept."""
+    import fcntl
+    import os
+
+    from alexnet.exchange import IpcAverage
+    from layers.sim import SimWorld
+    stale = _segment(shm, "alexnet-0123456789abcdef-1-0", 120)
+    _segment(shm, "alexnet-0123456789abcdef-None-0", 120)  # a name only a mutant makes: removed all the same
+    held = _segment(shm, "alexnet-fedcba9876543210-0-1", 120)
+    young = _segment(shm, "alexnet-00000000000000aa-0-0", 5)
+    other = _segment(shm, "alexnet-notes-1-0", 120)
+    fd = os.open(held, os.O_RDONLY)
+    fcntl.flock(fd, fcntl.LOCK_EX)
+    try:
+        world = SimWorld(2)
+        world.run(lambda rank: IpcAverage(10, torch.device("cpu"), world.comm(rank)).close())
+    finally:
+        os.close(fd)
+    assert sorted(p.name for p in shm.iterdir()) == sorted([held.name, young.name, other.name])
+    assert capsys.readouterr().out == f"removed {stale} and 1 more: shared memory of replicas that were killed\n"
+
+
+def test_a_replica_failing_as_it_shares_unlinks_its_buffers(shm, monkeypatch):
+    """A failure after the buffers were made (here, mapping a peer's) unlinks this replica's own at once."""
+    from alexnet.exchange import IpcAverage
+    from layers.sim import SimWorld
+
+    def refuse(*args, **kwargs):
+        raise OSError("cannot map")
+    monkeypatch.setattr(torch, "from_file", refuse)
+    world = SimWorld(2)
+    with pytest.raises(OSError, match="cannot map"):
+        world.run(lambda rank: IpcAverage(10, torch.device("cpu"), world.comm(rank)))
+    assert list(shm.iterdir()) == []
+
+
+@pytest.mark.processes
+def test_a_segment_is_held_while_its_maker_lives_and_stale_once_it_is_killed(tmp_path):
+    """The lock is what tells a live segment from a dead one, across processes: a maker (the exchange's own
+    make_segment) sleeping holds it, SIGKILL releases it."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from alexnet.exchange import remove_stale_segments
+    from tests.conftest import REPO
+    path = tmp_path / "alexnet-0123456789abcdef-0-0"
+    maker = subprocess.Popen([sys.executable, "-c", "import sys, time; from pathlib import Path; "
+                              "from alexnet.exchange import make_segment; make_segment(Path(sys.argv[1]), 64); "
+                              "print('made', flush=True); time.sleep(600)", str(path)],
+                             cwd=REPO, stdout=subprocess.PIPE, text=True)
+    try:
+        assert maker.stdout.readline() == "made\n"
+        os.utime(path, (time.time() - 120,) * 2)
+        assert remove_stale_segments(tmp_path) == [] and path.stat().st_size == 64  # held: kept
+        maker.send_signal(signal.SIGKILL)
+        maker.wait()
+        assert remove_stale_segments(tmp_path) == [path] and not path.exists()
+    finally:
+        maker.kill()
+        maker.wait()
 
 
 @pytest.mark.parametrize("exchange", ["weights", "gradients"])

@@ -70,3 +70,29 @@ def test_children_get_the_terminals_sighup_when_the_suite_runs_under_nohup():
         assert child.stdout.strip() == str(int(signal.SIG_DFL))
     finally:
         signal.signal(signal.SIGHUP, saved)
+
+
+@pytest.mark.processes
+def test_a_mutants_session_leaves_no_temporary_folder(tmp_path):
+    """mutmut runs one session per mutant and ends it with os._exit (pytest's lock on the session's folder then
+    stays, and pytest keeps a locked folder three days): without conftest's clean-up a session whose test
+    fails (a killed mutant) keeps its folder. Here as mutmut runs it, and without MUTANT_UNDER_TEST."""
+    import getpass
+    import subprocess
+    import sys
+
+    from tests.conftest import REPO
+    (tmp_path / "test_fails.py").write_text("def test_writes_and_fails(tmp_path):\n"
+                                            "    (tmp_path / 'x').write_text('x')\n    assert False\n")
+    left = {}
+    for mutant in ("", "data.reader.x_f__mutmut_1"):
+        root = tmp_path / f"root{len(left)}"
+        root.mkdir()
+        env = {**os.environ, "MUTANT_UNDER_TEST": mutant, "PYTEST_DEBUG_TEMPROOT": str(root)}
+        code = subprocess.run([sys.executable, "-c", "import os, pytest; os._exit(pytest.main(['-q', '-p', "
+                               "'no:xdist', '-p', 'no:cacheprovider', '-p', 'tests.conftest', 'test_fails.py']))"],
+                              cwd=tmp_path, env={**env, "PYTHONPATH": str(REPO)}, capture_output=True).returncode
+        assert code == 1
+        left[mutant] = sorted(p.name for p in (root / f"pytest-of-{getpass.getuser()}").iterdir()
+                              if not p.is_symlink())  # pytest-current: a link to the newest, replaced each time
+    assert left == {"": ["pytest-0"], "data.reader.x_f__mutmut_1": []}

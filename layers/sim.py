@@ -63,6 +63,7 @@ class SimWorld:
         self._ops: dict[tuple, _Op] = {}
         self._issued: dict[tuple, int] = {}     # (group key, rank) -> collectives issued on it
         self._abort: str | None = None
+        self._ran = False
 
     def comm(self, rank: int, ranks: tuple[int, ...] | None = None, name: str = "world",
              before: Callable[[], None] | None = None) -> SimComm:
@@ -76,7 +77,11 @@ class SimWorld:
     # -- running the ranks ------------------------------------------------------------------------------
 
     def run(self, fn: Callable[[int], Any]) -> list[Any]:
-        """fn(rank) on every rank (see the module docstring); their results in rank order."""
+        """fn(rank) on every rank (see the module docstring); their results in rank order. Once per world:
+        its ranks end done or failed (a second run's would wait for a turn that never comes)."""
+        if self._ran:
+            raise RuntimeError("this SimWorld has run: make a new one for each run")
+        self._ran = True
         start = torch.get_rng_state()
         self._rng = [start.clone() for _ in range(self.size)]
         results: list[Any] = [None] * self.size

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import os
 
+import pytest
+
 from data import fsutil
 
 
@@ -95,3 +97,33 @@ def test_written_outside_names_what_a_tool_wrote_beside_its_output(tmp_path):
               str(tmp_path / "out.json"), str(tmp_path / "outside.png")]
     assert written_outside(opened, out, (str(tmp_path / "trace-"),)) == [str(tmp_path / "out.json"),
                                                                          str(tmp_path / "outside.png")]
+
+
+def test_check_writable_makes_nothing_probes_the_nearest_folder_and_names_the_file(tmp_path, monkeypatch):
+    """Before any work: a folder for a file, a file in the way and a folder that takes no new entry are refused
+    naming the file asked for (errno, words, name); a folder still to be made is made by the write, not here."""
+    import errno
+    import tempfile
+
+    from data.fsutil import check_writable
+    check_writable(tmp_path / "new" / "deeper" / "x.json")
+    assert list(tmp_path.iterdir()) == []  # nothing made, no probe left
+    with pytest.raises(IsADirectoryError) as e:
+        check_writable(tmp_path)
+    assert (e.value.errno, e.value.strerror, e.value.filename) == (errno.EISDIR, "Is a directory", str(tmp_path))
+    (tmp_path / "f").write_text("")
+    with pytest.raises(NotADirectoryError) as e:
+        check_writable(tmp_path / "f" / "sub" / "x.json")
+    assert (e.value.errno, e.value.strerror, e.value.filename) == (
+        errno.ENOTDIR, f"Not a directory: {tmp_path / 'f'} is a file", str(tmp_path / "f" / "sub" / "x.json"))
+    asked = []
+
+    def refused(**kwargs):
+        asked.append(kwargs)
+        raise PermissionError(errno.EACCES, "Permission denied", str(kwargs["dir"]) + "/probe")
+    monkeypatch.setattr(tempfile, "TemporaryFile", refused)
+    with pytest.raises(OSError) as e:
+        check_writable(tmp_path / "new" / "x.json")
+    assert (e.value.errno, e.value.strerror, e.value.filename) == (errno.EACCES, "Permission denied",
+                                                                   str(tmp_path / "new" / "x.json"))
+    assert asked == [{"dir": tmp_path, "prefix": ".x.json.probe"}]  # the nearest folder that exists

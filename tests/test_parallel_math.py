@@ -629,11 +629,13 @@ def test_a_killed_replicas_shared_memory_is_removed_at_the_next_start(shm, capsy
 
     from alexnet.exchange import IpcAverage
     from layers.sim import SimWorld
-    stale = _segment(shm, "alexnet-0123456789abcdef-1-0", 120)
-    _segment(shm, "alexnet-0123456789abcdef-None-0", 120)  # a name only a mutant makes: removed all the same
-    held = _segment(shm, "alexnet-fedcba9876543210-0-1", 120)
-    young = _segment(shm, "alexnet-00000000000000aa-0-0", 5)
-    other = _segment(shm, "alexnet-notes-1-0", 120)
+    # named so that each kept one sorts before the stale ones: the walk goes on past it
+    other = _segment(shm, "alexnet-0-notes", 120)
+    (shm / "alexnet-0000000000000000-0-0").symlink_to(shm / "gone")  # cannot be opened: skipped
+    held = _segment(shm, "alexnet-0000000000000001-0-1", 120)
+    young = _segment(shm, "alexnet-0000000000000002-0-0", 5)
+    stale = _segment(shm, "alexnet-ffffffffffffffff-1-0", 120)
+    _segment(shm, "alexnet-ffffffffffffffff-None-0", 120)  # a name only a mutant makes: removed all the same
     fd = os.open(held, os.O_RDONLY)
     fcntl.flock(fd, fcntl.LOCK_EX)
     try:
@@ -641,8 +643,48 @@ def test_a_killed_replicas_shared_memory_is_removed_at_the_next_start(shm, capsy
         world.run(lambda rank: IpcAverage(10, torch.device("cpu"), world.comm(rank)).close())
     finally:
         os.close(fd)
-    assert sorted(p.name for p in shm.iterdir()) == sorted([held.name, young.name, other.name])
+    assert sorted(p.name for p in shm.iterdir()) == sorted([held.name, young.name, other.name,
+                                                            "alexnet-0000000000000000-0-0"])
     assert capsys.readouterr().out == f"removed {stale} and 1 more: shared memory of replicas that were killed\n"
+    held.unlink()  # its maker let go of it above: stale now
+    one = _segment(shm, "alexnet-eeeeeeeeeeeeeeee-0-0", 120)
+    again = SimWorld(2)
+    again.run(lambda rank: IpcAverage(10, torch.device("cpu"), again.comm(rank)).close())
+    assert capsys.readouterr().out == f"removed {one}: shared memory of replicas that were killed\n"
+
+
+def test_the_exchange_names_its_buffers_so_a_later_start_finds_them(shm, monkeypatch):
+    """Each replica makes two buffers, named with one token for the run, its rank and the buffer, by
+    make_segment (locked, readable by this user only): names the sweep of a later start recognises."""
+    import os
+    import stat
+
+    from alexnet import exchange
+    from layers.sim import SimWorld
+    made, real = [], exchange.make_segment
+
+    def recorded(path, nbytes):
+        fd = real(path, nbytes)
+        made.append((path.name, stat.S_IMODE(os.fstat(fd).st_mode), os.fstat(fd).st_size))
+        return fd
+    monkeypatch.setattr(exchange, "make_segment", recorded)
+    world = SimWorld(2)
+    world.run(lambda rank: exchange.IpcAverage(10, torch.device("cpu"), world.comm(rank)).close())
+    token = made[0][0].split("-")[1]
+    assert sorted(made) == [(f"alexnet-{token}-{r}-{b}", 0o600, 40) for r in range(2) for b in range(2)]
+    assert all(exchange.SEGMENT.match(name) for name, _, _ in made) and len(token) == 16
+
+
+def test_make_segment_never_takes_an_existing_file_and_leaves_nothing_when_it_fails(tmp_path):
+    from alexnet.exchange import make_segment
+    path = tmp_path / "alexnet-0123456789abcdef-0-0"
+    path.write_bytes(b"another run's")
+    with pytest.raises(FileExistsError):
+        make_segment(path, 8)
+    assert path.read_bytes() == b"another run's"
+    with pytest.raises(OSError) as e:
+        make_segment(tmp_path / "alexnet-0123456789abcdef-0-1", -1)  # ftruncate refuses: the file goes
+    assert type(e.value) is OSError and list(tmp_path.iterdir()) == [path]
 
 
 def test_a_replica_failing_as_it_shares_unlinks_its_buffers(shm, monkeypatch):

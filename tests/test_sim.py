@@ -290,3 +290,20 @@ def test_a_broadcast_comes_from_member_0_unless_told():
         world.comm(rank).broadcast(t)
         return float(t)
     assert world.run(member) == [7.0, 7.0, 7.0]
+
+
+def test_a_world_runs_once_and_says_so_the_second_time():
+    """Its ranks end done; a second run's threads waited for a turn that never came (the test hung)."""
+    import threading
+    world, raised = SimWorld(2), []
+    assert world.run(lambda rank: rank * 10) == [0, 10]
+
+    def again():
+        try:
+            world.run(lambda rank: rank)
+        except RuntimeError as e:
+            raised.append(str(e))
+    second = threading.Thread(target=again, daemon=True)  # a daemon: were it to hang, the test fails, not hangs
+    second.start()
+    second.join(10)
+    assert raised == ["this SimWorld has run: make a new one for each run"]

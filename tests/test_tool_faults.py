@@ -125,14 +125,3 @@ def test_a_run_refused_after_its_options_makes_no_folder_for_its_outputs(tmp_pat
     assert load_script("predict").main([owt, image, "--json", str(tmp_path / "d" / "p.json")]) == 0  # the write
     assert [r["image"] for r in json.loads((tmp_path / "d" / "p.json").read_text())] == [image]   # makes it
 
-
-def test_check_writable_makes_nothing_and_names_the_file(tmp_path):
-    from data.fsutil import check_writable
-    check_writable(tmp_path / "new" / "deeper" / "x.json")  # a folder to be made: fine, and not made
-    assert list(tmp_path.iterdir()) == []
-    (tmp_path / "f").write_text("")
-    with pytest.raises(NotADirectoryError, match=f"{tmp_path / 'f'} is a file"):
-        check_writable(tmp_path / "f" / "sub" / "x.json")
-    with pytest.raises(IsADirectoryError):
-        check_writable(tmp_path)
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["f"]  # no probe left

@@ -357,4 +357,13 @@ CASES = [
     Case("train-run-dir-a-preprocessed-output", "lost", "run.dir naming a preprocessed output (its .lock was taken "
          "for a run's: the run wrote config.yaml, metrics.jsonl and checkpoints/ among the data)", 2,
          ("run.dir=", "{w}/data", "not a training run's"), lambda w: tr(w, run=_data_copy(w)), _data_unchanged),
+    Case("train-run-dir-inside-the-data", "lost", "run.dir=DATA/runs/demo (a new folder inside the preprocessed "
+         "output: the run wrote among the data)", 2, ("run.dir=", "{w}/data/runs/demo", "inside data.root="),
+         lambda w: tr(w, data=_data_copy(w), run=w.w / "data" / "runs" / "demo"), _data_unchanged),
+    Case("train-refused-leaves-no-run-dir", "lost", "a new run.dir and a data.root that does not exist (the "
+         "refusal left run.dir made, holding its .lock)", 2, ("{w}/nope", "does not exist"),
+         lambda w: tr(w, data=w.w / "nope", run=w.w / "runs" / "new"), _nothing_at("runs")),
+    Case("evaluate-refused-leaves-no-json-folder", "lost", "evaluate.py --json NEW/e.json with weights that do not "
+         "load (NEW/ was made, and left)", 2, ("{w}/bad.pt", "cannot be loaded"),
+         lambda w: ev(w, "--json", w.w / "new" / "e.json", weights=_users_file(w, "bad.pt")), _nothing_at("new")),
 ]

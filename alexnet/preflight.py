@@ -10,6 +10,7 @@ from pathlib import Path
 
 import torch
 
+from data.domains import dataset_above
 from data.layouts import DataError
 from data.meta import check_files, class_difference, read_meta
 
@@ -74,13 +75,15 @@ def check_run(cfg: Config, world: int, dry: bool = False) -> dict:
 
 
 def check_apart(cfg: Config) -> None:
-    """run.dir in data.root (or it): the run's files would lie among the data's, which holds only what
-    preprocess wrote (a later preprocess or upgrade_data of it refuses the folder, naming them). Before
-    run.dir is locked (which makes the folder)."""
+    """run.dir in data.root (or it), or in another preprocessed output: the run's files would lie among the
+    data's, which holds only what preprocess wrote (a later preprocess or upgrade_data of it refuses the
+    folder, naming them). Before run.dir is locked (which makes the folder)."""
     run, data = Path(cfg.run.dir).resolve(), Path(cfg.data.root).resolve()
-    if run == data or data in run.parents:
-        raise ConfigError(f"run.dir={cfg.run.dir} is {'' if run == data else 'inside '}data.root={cfg.data.root}: the "
-                          "run's files would lie among the data's; name a folder outside it")
+    root = data if run == data or data in run.parents else dataset_above(run)
+    if root is not None:
+        name = f"data.root={cfg.data.root}" if root == data else f"the preprocessed output {root}"
+        raise ConfigError(f"run.dir={cfg.run.dir} is {'' if run == root else 'inside '}{name}: the run's files "
+                          "would lie among the data's; name a folder outside it")
 
 
 def run_checkpoints(cfg: Config) -> CheckpointDir:

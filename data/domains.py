@@ -201,6 +201,19 @@ def holding(what: str, mark: bytes) -> Earlier:
     return Earlier(what, lambda path: mark in path.read_bytes())
 
 
+# What marks a preprocessed output (data/preprocess.py writes plan.json first, meta.json last, beside train/):
+# nothing but preprocess and upgrade_data writes inside one, or a later resume or upgrade of it is refused.
+DATASET_MARKS = ("plan.json", "meta.json")
+
+
+def dataset_above(path: str | os.PathLike) -> Path | None:
+    """The preprocessed output that `path` lies inside (below its folder, not the folder itself), if any."""
+    for folder in Path(path).resolve().parents:
+        if (folder / "train").is_dir() and any((folder / mark).is_file() for mark in DATASET_MARKS):
+            return folder
+    return None
+
+
 class OutputPath:
     """An argparse type for where a tool writes: a `file`, a `folder` whose entries may only be the tool's
     own (`own`: glob patterns of the names it writes there; hidden names, its temporaries and locks, are
@@ -230,6 +243,9 @@ class OutputPath:
         blocker = next((q for q in path.absolute().parents if q.exists()), None)
         if blocker is not None and not blocker.is_dir():
             raise argparse.ArgumentTypeError(f"{blocker} is a file, so {text} cannot be made")
+        if (root := dataset_above(path)) is not None:
+            raise argparse.ArgumentTypeError(f"{text} is inside the preprocessed output {root}: its files would lie "
+                                             "among the data's; write it outside")
         if self.earlier is not None and path.is_file() and not self.earlier(path):
             raise argparse.ArgumentTypeError(f"{text} exists and is not {self.earlier.what}: name a new file, or move "
                                              "that one away first")

@@ -20,12 +20,14 @@ from pathlib import Path
 import pytest
 
 from data.domains import (
+    DATASET_MARKS,
     AnyOf,
     Domain,
     Earlier,
     InputPath,
     OneLineParser,
     OutputPath,
+    dataset_above,
     holding,
     json_holding,
     starting_with,
@@ -519,3 +521,24 @@ def test_no_tool_takes_another_tools_output_folder_for_its_own(every_path_argume
             if "train.py" in MAKERS[what]:
                 wrong.append(f"run.dir refuses {what}: {e}")
     assert not wrong, "\n".join(wrong)
+
+
+def test_no_tool_writes_inside_a_preprocessed_output(every_path_argument, tools_folders):
+    """Every output argument of every script given a new path inside a preprocessed output (evaluate --json
+    DATA/eval.json, figures --out DATA/figs): refused, naming the output; before, the file or folder went among
+    the data's, and a later preprocess or upgrade_data of DATA refused the folder for it."""
+    from data.preprocess import OWN_NAMES
+    data = tools_folders["a preprocessed output"]
+    assert set(DATASET_MARKS) <= set(OWN_NAMES) and "train" in OWN_NAMES  # the marks are what preprocess writes
+    wrong = []
+    for script, _, action, _ in every_path_argument:
+        if isinstance(action.type, OutputPath):
+            for inside in (data / "new.json", data / "train" / "sub"):
+                try:
+                    action.type(str(inside))
+                    wrong.append(f"{script} {(action.option_strings or [action.dest])[-1]} takes {inside}")
+                except argparse.ArgumentTypeError as e:
+                    if f"is inside the preprocessed output {data}" not in str(e):
+                        wrong.append(f"{script}: {e}")
+    assert not wrong, "\n".join(wrong)
+    assert dataset_above(data) is None and dataset_above(data / "x") == data  # the output itself is not inside

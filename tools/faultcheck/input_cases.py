@@ -360,6 +360,11 @@ CASES = [
     Case("train-run-dir-inside-the-data", "lost", "run.dir=DATA/runs/demo (a new folder inside the preprocessed "
          "output: the run wrote among the data)", 2, ("run.dir=", "{w}/data/runs/demo", "inside data.root="),
          lambda w: tr(w, data=_data_copy(w), run=w.w / "data" / "runs" / "demo"), _data_unchanged),
+    Case("figures-out-inside-the-data", "lost", "figures.py --out DATA/figs (a new folder inside the preprocessed "
+         "output: a later preprocess or upgrade_data of DATA refused it)", 2,
+         ("--out", "{w}/data/figs", "inside the preprocessed output"),
+         lambda w: ["scripts/figures.py", "--weights", str(last(w.ctx)), "--data", str(_data_copy(w)), "--out",
+                    str(w.w / "data" / "figs")], _data_unchanged),
     Case("train-refused-leaves-no-run-dir", "lost", "a new run.dir and a data.root that does not exist (the "
          "refusal left run.dir made, holding its .lock)", 2, ("{w}/nope", "does not exist"),
          lambda w: tr(w, data=w.w / "nope", run=w.w / "runs" / "new"), _nothing_at("runs")),

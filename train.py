@@ -168,9 +168,9 @@ def main(argv: list[str] | None = None) -> int:
     try:
         cfg = load_config(args.config, args.overrides)
         local = cfg.parallel.replicas * cfg.parallel.model_size if "WORLD_SIZE" not in os.environ else 1
+        check_apart(cfg)  # before run.dir's lock makes the folder; a dry run says it too
         if args.dry_run:
             return dry_run(cfg, int(os.environ.get("WORLD_SIZE", local)))
-        check_apart(cfg)
         with hold(cfg.run.dir) if lock_holder_here() else contextlib.nullcontext() as lock_fd:
             if ENV_LOCK_FD not in os.environ:  # not a replica of our launcher, which checked already
                 check_run(cfg, int(os.environ.get("WORLD_SIZE", local)))

@@ -46,7 +46,6 @@ def check_run(cfg: Config, world: int, dry: bool = False) -> dict:
     replica starts, and a published run.resume_from fetched (not in a `dry` run); returns meta.json.
     DataError / ConfigError (exit 2), OSError for the run.dir or a fetch."""
     meta = read_meta(cfg.data.root)
-    check_apart(cfg)
     splits = ("train", "val") if "val" in meta["splits"] else ("train",)
     check_files(cfg.data.root, meta, splits, mean=cfg.data.mean == "image")
     classes = resolve_num_classes(cfg, meta)

@@ -538,7 +538,8 @@ def test_no_tool_writes_inside_a_preprocessed_output(every_path_argument, tools_
                     action.type(str(inside))
                     wrong.append(f"{script} {(action.option_strings or [action.dest])[-1]} takes {inside}")
                 except argparse.ArgumentTypeError as e:
-                    if f"is inside the preprocessed output {data}" not in str(e):
+                    if str(e) != (f"{inside} is inside the preprocessed output {data}: its files would lie among "
+                                  "the data's; write it outside"):
                         wrong.append(f"{script}: {e}")
     assert not wrong, "\n".join(wrong)
     assert dataset_above(data) is None and dataset_above(data / "x") == data  # the output itself is not inside

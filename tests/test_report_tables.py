@@ -229,3 +229,17 @@ def test_a_folder_that_is_no_run_is_named_before_what_lies_beside_it(tmp_path, c
     err = capsys.readouterr().err.strip()
     assert code == 2 and err == f"report.py: error: {tmp_path}/metrics.jsonl: missing (not a run directory of " \
                                  "train.py, or not started yet)"
+
+
+def test_an_earlier_page_is_known_by_its_head(tmp_path):
+    """What render() writes begins so (the run's name in the title, escaped); another page, or the same words
+    elsewhere, is not the tool's."""
+    def page(text: str):
+        path = tmp_path / "p.html"
+        path.write_bytes(text.encode())
+        return report.EARLIER_PAGE(path)
+    head = "<!DOCTYPE html><html lang=en><head><meta charset=utf-8><title>"
+    assert page(f"{head}run &amp; 1: report</title><style>body {{}}</style></head><body></body></html>\n")
+    assert not page(f"{head}run 1: notes</title><style></style></head></html>")
+    assert not page("<!DOCTYPE html><html><head><title>run 1: report</title><style></style></head></html>")
+    assert not page(f"{head}" + "x" * 9000 + ": report</title><style>")  # past any head render() writes

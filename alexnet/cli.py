@@ -141,7 +141,8 @@ def protect_streams(prog: str, lost_stdout: str = "", keep_start_handlers: bool 
     (else the next file opened would take their number, and output would land in it), and stdout and stderr
     become _Lossless. With `lost_stdout`, a vanished stdout is said once on stderr: `prog: lost_stdout`.
     Stop signals go back to Python's handling from startup.quiet_start's, unless `keep_start_handlers`
-    (train.py: its own handlers take over later)."""
+    (train.py: its own handlers take over later). The imports are done: `startup.imported()`."""
+    startup.imported()
     if not keep_start_handlers:
         startup.done()
     for fd, name, mode in ((0, "stdin", "r"), (1, "stdout", "w"), (2, "stderr", "w")):

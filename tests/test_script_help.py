@@ -17,9 +17,9 @@ from tests import children
 from tests.conftest import REPO
 
 # Runs each script given as `--help` in this one process (runpy, as `python SCRIPT --help` would), and
-# writes {script: {"code": exit code, "help": stdout}} to the file named first.
+# writes {script: {"code": exit code, "help": stdout, "collecting": gc.isenabled() after it}} to the file named first.
 DRIVER = r"""
-import contextlib, io, json, runpy, sys
+import contextlib, gc, io, json, runpy, sys
 out, scripts, results = sys.argv[1], sys.argv[2:], {}
 for script in scripts:
     buf, code, path = io.StringIO(), 0, list(sys.path)
@@ -30,7 +30,7 @@ for script in scripts:
         except SystemExit as e:
             code = e.code or 0
     sys.path[:] = path
-    results[script] = {"code": code, "help": buf.getvalue()}
+    results[script] = {"code": code, "help": buf.getvalue(), "collecting": gc.isenabled()}
 with open(out, "w") as f:
     json.dump(results, f)
 """
@@ -90,6 +90,9 @@ def test_every_user_script_help_ends_with_an_example(tmp_path):
     bad = [f"{s}: --help exited {results[s]['code']}" for s in scripts if results[s]["code"] != 0]
     bad += [problem for s in scripts for problem in help_problems(s, results[s]["help"])]
     bad += [gap for s in scripts for gap in help_gaps(s, results[s]["help"])]
+    # quiet_start turned the collector off for the imports; protect_streams turns it back on (a script that
+    # skipped it would train for days without collecting cycles)
+    bad += [f"{s}: the garbage collector is still off after --help" for s in scripts if not results[s]["collecting"]]
     assert not bad, "\n".join(bad)
 
 

@@ -274,10 +274,11 @@ def pytest_collection_modifyitems(config, items):
     Under xdist, the longest files first (a stable sort: each file keeps its order), grouped. Under mutmut,
     the fastest first."""
     _fastest_first_for_a_mutant(items)
-    dist = getattr(config.option, "dist", "no")
-    if dist in ("loadfile", "loadgroup"):
+    # In an xdist worker, which collects, xdist has set option.dist to "no" and option.loadgroup to whether
+    # the run is --dist loadgroup (xdist/remote.py's setup_config): reading dist alone, the grouping and the
+    # order were never applied, and both workers made each module's fixtures (gpu_check's four runs twice).
+    if getattr(config.option, "dist", "no") == "loadgroup" or getattr(config.option, "loadgroup", False):
         items.sort(key=_file_rank)
-    if dist == "loadgroup":
         _group_by_module_fixtures(items)
     import torch
     if torch.cuda.is_available():

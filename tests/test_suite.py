@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import signal
+import sys
 
 import pytest
 
@@ -96,3 +97,43 @@ def test_a_mutants_session_leaves_no_temporary_folder(tmp_path):
         left[mutant] = sorted(p.name for p in (root / f"pytest-of-{getpass.getuser()}").iterdir()
                               if not p.is_symlink())  # pytest-current: a link to the newest, replaced each time
     assert left == {"": ["pytest-0"], "data.reader.x_f__mutmut_1": []}
+
+
+PROBE = '''
+import os, pytest
+LOG = os.environ["ALEXNET_PROBE_LOG"]
+
+def note(what):
+    with open(LOG, "a") as f:
+        f.write(what + " " + os.environ["PYTEST_XDIST_WORKER"] + "\\n")
+
+@pytest.fixture(scope="module")
+def shared():
+    note("made")
+
+@pytest.mark.parametrize("i", range(6))
+def test_alone(i):
+    pass
+
+@pytest.mark.parametrize("i", range(6))
+def test_shares(shared, i):
+    note("ran")
+'''
+
+
+@pytest.mark.processes
+def test_under_xdist_the_tests_of_a_module_fixture_run_on_one_worker_that_makes_it_once(tmp_path):
+    """What `make test` runs: conftest's grouping, applied where xdist collects (its workers), keeps the tests
+    that share a module-scoped fixture on one worker, so that an expensive fixture is made once."""
+    (tmp_path / "test_probe.py").write_text(PROBE)
+    log = tmp_path / "log.txt"
+    from tests.conftest import REPO
+    r = children.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "tests.conftest",
+                      "-n", "2", "--dist", "loadgroup", "--rootdir", str(tmp_path), "-c", os.devnull,
+                      str(tmp_path / "test_probe.py")], cpu_s=120, cwd=tmp_path,
+                     env={**os.environ, "ALEXNET_PROBE_LOG": str(log), "PYTHONPATH": str(REPO)})
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
+    lines = log.read_text().split()
+    made = [w for what, w in zip(lines[::2], lines[1::2]) if what == "made"]
+    ran = {w for what, w in zip(lines[::2], lines[1::2]) if what == "ran"}
+    assert len(made) == 1 and ran == set(made), log.read_text()

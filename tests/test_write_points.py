@@ -190,15 +190,17 @@ def test_the_rename_check_finds_a_planted_rename(tmp_path):
         "os.replace(a, b)", "Path(a).replace(b)", "shutil.move(a, b)", "Path(a).rename(b)"]
 
 
-_UNINTERRUPTED: dict[str, tuple[int, dict]] = {}
+# by tool and output path: an output may hold its own path (report's cache file is named by a key made of the
+# weights' path, inside the output), so a snapshot is only the expectation for the path it was made in
+_UNINTERRUPTED: dict[tuple[str, str], tuple[int, dict]] = {}
 
 
 def uninterrupted(tool: str, case: Case, work: Path) -> tuple[int, dict]:
     """The tool's write moments and output, run once without a stop (in `work`/out; kept for the
     module's other tests of the tool): it writes only through commit, and only into its output."""
-    if tool in _UNINTERRUPTED:
-        return _UNINTERRUPTED[tool]
     out = work / "out"
+    if (tool, str(out)) in _UNINTERRUPTED:
+        return _UNINTERRUPTED[tool, str(out)]
     case.fresh(out)
     done = run_tool(case.argv(out), work)
     assert done.rc == 0, done.output[-3000:]
@@ -211,9 +213,9 @@ def uninterrupted(tool: str, case: Case, work: Path) -> tuple[int, dict]:
     assert not outside, f"{tool} wrote outside its output {out}: {outside}"
     print(f"{tool}: {moments} moments ({moments // 2} renames)")
     parses_over_its_own_output(case.argv(out))
-    _UNINTERRUPTED[tool] = moments, snapshot(out, case.ignore)
+    _UNINTERRUPTED[tool, str(out)] = moments, snapshot(out, case.ignore)
     shutil.rmtree(out)
-    return _UNINTERRUPTED[tool]
+    return _UNINTERRUPTED[tool, str(out)]
 
 
 def _each_moment(tool: str, case: Case, work: Path, salt: str = ""):

@@ -160,10 +160,14 @@ LONGEST_FIRST = ("test_gpu_check.py", "test_model_parallel.py", "test_parallel.p
 
 
 def pytest_configure(config):
-    """A shell's background job (`make test &`) starts with SIGINT ignored, nohup with SIGHUP ignored, and so
+    """An xdist worker of a grouped run groups and orders its tests (pytest_configure_node).
+
+    A shell's background job (`make test &`) starts with SIGINT ignored, nohup with SIGHUP ignored, and so
     would every process the tests start (exec keeps an ignored signal ignored): the tests that send a child
     Ctrl-C or SIGHUP need the terminal's default. A handler, unlike SIG_IGN, is reset to the default on
     exec: SIGHUP gets one that does nothing, so the suite itself still outlives its terminal."""
+    if getattr(config, "workerinput", {}).get("alexnet_loadgroup"):
+        config.option.loadgroup = True  # what xdist itself reads to send a group to one worker
     if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
         signal.signal(signal.SIGINT, signal.default_int_handler)
     if signal.getsignal(signal.SIGHUP) == signal.SIG_IGN:
@@ -187,6 +191,14 @@ def pytest_cmdline_main(config):
     opt.numprocesses = WORKERS
     if opt.dist == "no":
         opt.dist, opt.loadscopereorder = "loadgroup", False
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_configure_node(node) -> None:
+    """xdist's workers parse the command line again (xdist/remote.py), so they never see the --dist that
+    pytest_cmdline_main set here: without a word they neither grouped nor ordered the tests, and both made
+    each module's fixtures (gpu_check's four CPU-twin runs twice). The word goes in the worker's input."""
+    node.workerinput["alexnet_loadgroup"] = node.config.option.dist == "loadgroup"
 
 
 def _file_rank(item) -> int:
@@ -274,9 +286,8 @@ def pytest_collection_modifyitems(config, items):
     Under xdist, the longest files first (a stable sort: each file keeps its order), grouped. Under mutmut,
     the fastest first."""
     _fastest_first_for_a_mutant(items)
-    # In an xdist worker, which collects, xdist has set option.dist to "no" and option.loadgroup to whether
-    # the run is --dist loadgroup (xdist/remote.py's setup_config): reading dist alone, the grouping and the
-    # order were never applied, and both workers made each module's fixtures (gpu_check's four runs twice).
+    # An xdist worker, which collects, has option.dist "no" and option.loadgroup instead (xdist/remote.py's
+    # setup_config, or pytest_configure here for the run that pytest_cmdline_main made grouped).
     if getattr(config.option, "dist", "no") == "loadgroup" or getattr(config.option, "loadgroup", False):
         items.sort(key=_file_rank)
         _group_by_module_fixtures(items)

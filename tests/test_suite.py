@@ -123,17 +123,20 @@ def test_shares(shared, i):
 
 @pytest.mark.processes
 def test_under_xdist_the_tests_of_a_module_fixture_run_on_one_worker_that_makes_it_once(tmp_path):
-    """What `make test` runs: conftest's grouping, applied where xdist collects (its workers), keeps the tests
-    that share a module-scoped fixture on one worker, so that an expensive fixture is made once."""
+    """What `make test` runs (`pytest` with no paths: conftest chooses the workers and the grouping), on a
+    module whose tests share a module-scoped fixture: one worker runs them all and makes it once."""
     (tmp_path / "test_probe.py").write_text(PROBE)
+    (tmp_path / "pytest.ini").write_text("[pytest]\ntestpaths = test_probe.py\n")
+    # the suite's own conftest, loaded as a conftest is (after the plugins: its pytest_cmdline_main runs
+    # before xdist's, which reads the worker count it sets)
+    (tmp_path / "conftest.py").write_text("from tests.conftest import *  # noqa: F403\n")
     log = tmp_path / "log.txt"
     from tests.conftest import REPO
-    r = children.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "tests.conftest",
-                      "-n", "2", "--dist", "loadgroup", "--rootdir", str(tmp_path), "-c", os.devnull,
-                      str(tmp_path / "test_probe.py")], cpu_s=120, cwd=tmp_path,
-                     env={**os.environ, "ALEXNET_PROBE_LOG": str(log), "PYTHONPATH": str(REPO)})
+    env = {**os.environ, "ALEXNET_PROBE_LOG": str(log), "PYTHONPATH": str(REPO)}
+    r = children.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider"], cpu_s=120, cwd=tmp_path, env=env)
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
     lines = log.read_text().split()
-    made = [w for what, w in zip(lines[::2], lines[1::2]) if what == "made"]
-    ran = {w for what, w in zip(lines[::2], lines[1::2]) if what == "ran"}
-    assert len(made) == 1 and ran == set(made), log.read_text()
+    notes = list(zip(lines[::2], lines[1::2]))
+    made = [w for what, w in notes if what == "made"]
+    assert len(made) == 1, log.read_text()
+    assert {w for what, w in notes if what == "ran"} == set(made), log.read_text()

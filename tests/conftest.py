@@ -153,10 +153,15 @@ def tiny_overrides(data_root: Path, run_dir: Path, **extra) -> list[str]:
 
 WORKERS = 2  # most tests wait on subprocesses or sleeps: two workers keep 2 cores busy
 # xdist hands out work in collection order: the longest files first, so that none of them starts last
-# and ends the run alone. Files not named here follow, in their usual order.
-LONGEST_FIRST = ("test_gpu_check.py", "test_model_parallel.py", "test_parallel.py", "test_train.py",
-                 "test_checkpoint.py", "test_loader.py", "test_benchmarks.py", "test_report.py",
-                 "test_caffe.py", "test_figures.py", "test_theano_weights.py", "test_predict.py")
+# and ends the run alone (a module whose tests share a fixture is one group on one worker: test_write_points'
+# is some 50 s). Files not named here follow, in their usual order. By the summed durations of a whole run
+# (pytest --durations=0, 2026-11-28).
+LONGEST_FIRST = ("test_gpu_check.py", "test_train.py", "test_write_points.py", "test_elastic.py",
+                 "test_parallel.py", "test_input_faults.py", "test_checkpoint.py", "test_model_parallel.py",
+                 "test_benchmarks.py", "test_figures.py", "test_children.py", "test_parallel_math.py",
+                 "test_caffe.py", "test_archives.py", "test_guarantees.py", "test_parallel_runs.py",
+                 "test_doc_commands.py", "test_report.py", "test_loader.py", "test_theano_weights.py",
+                 "test_predict.py")
 
 
 def pytest_configure(config):

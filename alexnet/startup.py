@@ -3,16 +3,16 @@
 Every user script calls `quiet_start(__name__, PROG)` before its heavy imports; `cli.protect_streams`, the
 first call of every script's `__main__`, hands the signals back (`done`) to Python's own handling, which
 the tools then refine (`cli.stopping_on_signals`, train.py's handlers). Imported as a module (tests), a
-script changes nothing.
+script changes nothing. A run of several processes says it once: train.py's launcher for its replicas,
+rank 0 under torchrun.
 
 The same pair brackets the imports for the garbage collector: collection is off from `quiet_start` until
 `imported()` (called by `done()`'s caller, `protect_streams`), which freezes what the imports made. Importing
-torch makes a million long-lived objects; Python's collector scanned them again and again while they were
-made, and once more in the interpreter's last collection at exit: 0.5-0.7 s of CPU of a 1.5-1.7 s start and
-exit (`python -c "import torch"`), paid by every process of a run and every tool. Frozen, they are never
-scanned. They live as long as their modules; the few thousand cyclic leftovers of the imports (under
-1 MB with torch's) stay with them. A run of several processes says it once: train.py's launcher for its replicas,
-rank 0 under torchrun.
+torch makes about 250,000 objects that the collector tracks; it scanned them again and again while they
+were made, and once more in the interpreter's last collection at exit: 0.4-0.8 s of the 1.5-1.9 s of CPU
+that `python -c "import torch"` takes on this project's 2-core VM, paid by every process of a run and every
+tool. Frozen, they are never scanned. They live as long as their modules; the few thousand cyclic leftovers
+of the imports (under 1 MB with torch's) stay with them.
 """
 from __future__ import annotations
 

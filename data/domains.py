@@ -221,14 +221,20 @@ class OutputPath:
     given for a file, a file given for a folder, a folder (the working directory too) that holds anything
     else, and an existing `file` that `earlier` does not know as the tool's own: no tool writes among,
     renames or overwrites files it did not make. (`either`: the tool judges an existing file itself, with
-    its --force.) Returns the text."""
+    its --force.) A folder's `known` names files it writes there by name and how it knows each as its own:
+    one of those names holding anything else (the user's own filters.png in a figures folder) is refused
+    too. Returns the text."""
 
-    def __init__(self, kind: str, own: tuple[str, ...] = (), earlier: Earlier | None = None):
+    def __init__(self, kind: str, own: tuple[str, ...] = (), earlier: Earlier | None = None,
+                 known: dict[str, Earlier] | None = None):
         if kind not in ("file", "folder", "either"):
             raise ValueError(f"OutputPath kind must be file, folder or either, got {kind!r}")
         if (kind == "file") != (earlier is not None):
             raise ValueError("an output file says how it knows its own earlier output (earlier=), and only a file")
-        self.kind, self.own, self.earlier = kind, own, earlier
+        known = dict(known or {})
+        if known and kind == "file" or any(not any(fnmatch.fnmatch(n, g) for g in own) for n in known):
+            raise ValueError("known= names files of an output folder, each one of its own names (own=)")
+        self.kind, self.own, self.earlier, self.known = kind, own, earlier, known
         self.__name__ = f"output {kind}"
 
     def __call__(self, text: str) -> str:
@@ -256,6 +262,11 @@ class OutputPath:
                 more = f" and {len(foreign) - 1} more" if len(foreign) > 1 else ""
                 raise argparse.ArgumentTypeError(f"{text}{where} holds files this tool did not write ({foreign[0]!r}"
                                                  f"{more}); give a new or empty folder, or one it wrote before")
+            unknown = self.unknown(path)
+            if unknown:
+                name, what = unknown[0]
+                raise argparse.ArgumentTypeError(f"{text} holds {name!r}, which has this tool's name but is not "
+                                                 f"{what}; move it away first")
             special = special_entries_words(path, text)  # its own names, but one it would open is a pipe
             if special:
                 raise argparse.ArgumentTypeError(special)
@@ -268,6 +279,11 @@ class OutputPath:
         except OSError:
             return []
         return [n for n in names if not n.startswith(".") and not any(fnmatch.fnmatch(n, g) for g in self.own)]
+
+    def unknown(self, folder: Path) -> list[tuple[str, str]]:
+        """(name, what it should be) of the entries of `folder` named as one of `known` that are not it."""
+        return [(name, earlier.what) for name, earlier in self.known.items()
+                if (folder / name).exists() and not ((folder / name).is_file() and earlier(folder / name))]
 
     def __repr__(self) -> str:
         return f"OutputPath({self.kind}, {self.own})"

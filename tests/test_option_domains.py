@@ -118,8 +118,9 @@ _FOREIGN_FILES = {
 }
 
 
-def _bad_outputs(kind: str, tmp: Path) -> dict[str, str]:
-    """Texts an output of `kind` must refuse, made under `tmp`, with the words the refusal must hold."""
+def _bad_outputs(domain: OutputPath, tmp: Path) -> dict[str, str]:
+    """Texts an output of `domain` must refuse, made under `tmp`, with the words the refusal must hold."""
+    kind = domain.kind
     a_file, foreign = tmp / "a_file", tmp / "someone_elses"
     a_file.write_text("x")
     foreign.mkdir(exist_ok=True)
@@ -151,6 +152,16 @@ def _bad_outputs(kind: str, tmp: Path) -> dict[str, str]:
             os.mkfifo(with_pipe / ".state" / ".lock")
         bad[str(with_pipe)] = f"{with_pipe} holds .state/.lock, not a regular file or folder (a device, pipe or socket)"
         bad["."] = "(the working directory) holds files this tool did not write"
+        # a file under one of the names the tool writes there, that it did not write (the user's filters.png)
+        for name in domain.known:
+            for foreign_name, content in _FOREIGN_FILES.items():
+                folder = tmp / f"own-names-{name}-{foreign_name}"
+                folder.mkdir(exist_ok=True)
+                (folder / name).write_bytes(content)
+                bad[str(folder)] = f"holds {name!r}, which has this tool's name but is not "
+            as_folder = tmp / f"own-names-{name}-a-folder"
+            (as_folder / name).mkdir(parents=True, exist_ok=True)
+            bad[str(as_folder)] = f"holds {name!r}, which has this tool's name but is not "
         if kind == "folder":
             bad[str(a_file)] = "is a file, not a folder"
     return bad
@@ -187,7 +198,7 @@ def test_every_output_argument_refuses_where_it_must_not_write(every_path_argume
     monkeypatch.chdir(tmp_path)
     cases = [(script, words, action, parser, text, needed) for script, words, action, parser in every_path_argument
              if isinstance(action.type, OutputPath)
-             for text, needed in _bad_outputs(action.type.kind, tmp_path).items()]
+             for text, needed in _bad_outputs(action.type, tmp_path).items()]
     wrong = refused_wrongly(cases, capsys)
     assert not wrong, "\n".join(wrong)
     assert len(cases) >= 80
@@ -300,6 +311,20 @@ def test_an_output_takes_a_new_path_and_its_own_earlier_output(tmp_path):
         with pytest.raises(ValueError, match=r"^an output file says how it knows its own earlier output \(earlier=\), "
                            r"and only a file$"):
             OutputPath(kind, earlier=earlier)
+    # known=: files of a folder known by name, each one of its own names; not for a file
+    picture = holding("a marked picture", b"MARK")
+    for kind, own, known in (("folder", ("*.json",), {"filters.png": picture}), ("file", ("x.png",), {"x.png": picture})):
+        with pytest.raises(ValueError, match=r"^known= names files of an output folder, each one of its own names"):
+            OutputPath(kind, own=own, known=known, **({"earlier": mine.earlier} if kind == "file" else {}))
+    marked = OutputPath("folder", own=("*.png",), known={"filters.png": picture})
+    (tmp_path / "drawn").mkdir()
+    (tmp_path / "drawn" / "filters.png").write_bytes(b"PNG ... MARK ...")
+    (tmp_path / "drawn" / "holiday.png").write_bytes(b"the user's, under a name the tool never writes itself")
+    assert marked(str(tmp_path / "drawn"))
+    (tmp_path / "drawn" / "filters.png").write_bytes(b"PNG, the user's own")
+    with pytest.raises(argparse.ArgumentTypeError, match=r"drawn holds 'filters.png', which has this tool's name but "
+                       r"is not a marked picture; move it away first$"):
+        marked(str(tmp_path / "drawn"))
 
 
 def refusals(every_option, inputs: Path | None = None):

@@ -17,6 +17,9 @@ from ..checkpoint import load  # noqa: E402
 from ..evaluation import class_words  # noqa: E402
 
 DPI = 100  # figures sized in pixels are drawn at this resolution, so 1 figure pixel = 1 PNG pixel
+# Written into every figure's PNG (its Software text chunk): how a later run knows the file as its own
+# (data.domains.OutputPath's known=) and replaces it, and refuses a file of the same name that it is not.
+MARK = "alexnet alexnet/figures"
 
 
 def save_png(fig: Figure, out: str | os.PathLike, dpi: int = DPI) -> Path:
@@ -27,7 +30,7 @@ def save_png(fig: Figure, out: str | os.PathLike, dpi: int = DPI) -> Path:
     remove_stale_temps(out.parent)
     tmp = temp_path(out, keep_suffix=True)
     try:
-        fig.savefig(tmp, dpi=dpi, format="png")
+        fig.savefig(tmp, dpi=dpi, format="png", metadata={"Software": MARK})
         commit(tmp, out)
     finally:
         plt.close(fig)

@@ -8,20 +8,28 @@ from pathlib import Path
 import torch
 
 from data.batchfile import atomic_write_json
-from data.domains import OutputPath
+from data.domains import OutputPath, holding, json_holding
 from data.meta import check_files
 from data.reader import SplitData
 
 from ..evaluation import Prepared
 from . import filters, neighbours, predictions
-from .common import class_labels, seeded_choice
+from .common import MARK, class_labels, seeded_choice
 
 FIGURES = ("filters", "predictions", "neighbours")
 # The folder they go to (scripts/figures.py --out, a report's figures/, where the report adds its curves): its
 # own names, nothing else in it (not any .png: a folder of the user's pictures is not the tool's).
 CURVES = ("curves", "throughput")
-FIGURES_FOLDER = OutputPath("folder", own=(*(f"{name}.{ext}" for name in FIGURES for ext in ("png", "json")),
-                                           *(f"{name}.png" for name in CURVES), "cache"))
+# What each figure's JSON holds at least (the records below): how a later run knows it as its own.
+RECORD_KEYS = {"filters": ("title", "groups", "kernels", "boxes"), "predictions": ("title", "crops", "images"),
+               "neighbours": ("title", "layer", "queries")}
+FIGURES_FOLDER = OutputPath(
+    "folder", own=(*(f"{name}.{ext}" for name in FIGURES for ext in ("png", "json")),
+                   *(f"{name}.png" for name in CURVES), "cache"),
+    known={**{f"{name}.png": holding("a figure that alexnet drew (a PNG marked so)", MARK.encode())
+              for name in (*FIGURES, *CURVES)},
+           **{f"{name}.json": json_holding(f"the record of an earlier {name} figure", RECORD_KEYS[name])
+              for name in FIGURES}})
 
 
 @dataclass

@@ -371,4 +371,8 @@ CASES = [
     Case("evaluate-refused-leaves-no-json-folder", "lost", "evaluate.py --json NEW/e.json with weights that do not "
          "load (NEW/ was made, and left)", 2, ("{w}/bad.pt", "cannot be loaded"),
          lambda w: ev(w, "--json", w.w / "new" / "e.json", weights=_users_file(w, "bad.pt")), _nothing_at("new")),
+    Case("figures-over-users-filters-png", "lost", "figures.py --out FIGS where FIGS/filters.png is the user's own "
+         "image (a name the tool writes there: it was replaced)", 2, ("--out", "'filters.png'", "has this tool's name"),
+         lambda w: ["scripts/figures.py", "--weights", str(last(w.ctx)), "--data", str(w.ctx.data()), "--out",
+                    str(_users_file(w, "figs/filters.png").parent)], _users_file_unchanged("figs/filters.png")),
 ]

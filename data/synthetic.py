@@ -15,7 +15,7 @@ import numpy as np
 from PIL import Image, ImageDraw
 
 from .distributions import Tree, write_formats
-from .domains import OneLineParser, OutputPath, at_least
+from .domains import OneLineParser, OutputPath, at_least, json_holding
 from .fsutil import os_error_message
 
 VERSION = 1
@@ -27,6 +27,10 @@ CONVERT_KINDS = ("cmyk", "grayscale", "png_as_jpeg", "rgba_png", "palette")
 SKIP_KINDS = ("truncated", "empty", "garbage")
 KAGGLE_FILE, CAFFE_FILE = "LOC_val_solution.csv", "val.txt"
 SYNTHETIC_OWN = ("train", "val", KAGGLE_FILE, CAFFE_FILE, "manifest.json")  # what --out holds
+# How a tree this module wrote is known: its manifest (generate's keys). A folder holding train/, val/ and a
+# manifest.json of something else is not one: its train/ and val/ are not removed for a rerun.
+MANIFEST = json_holding("a synthetic tree's manifest.json (data/synthetic.py)",
+                        ("classes", "num_classes", "counts", "seed", "version"))
 
 
 class Job(NamedTuple):
@@ -259,7 +263,7 @@ def _prepare(root: Path) -> None:
     if not root.exists() or not any(root.iterdir()):
         root.mkdir(parents=True, exist_ok=True)
         return
-    if not (root / "manifest.json").is_file():
+    if not MANIFEST(root / "manifest.json"):
         raise FileExistsError(f"{root} is not empty and holds no synthetic manifest.json; refusing to write")
     for name in ("train", "val"):
         shutil.rmtree(root / name, ignore_errors=True)
@@ -317,7 +321,8 @@ def main(argv: list[str] | None = None) -> int:
     """CLI: write a synthetic tree and print where everything is."""
     p = OneLineParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter,
                                 epilog="example: python scripts/make_synthetic.py --out demo_src --formats")
-    p.add_argument("--out", required=True, type=OutputPath("folder", own=SYNTHETIC_OWN),
+    p.add_argument("--out", required=True,
+                   type=OutputPath("folder", own=SYNTHETIC_OWN, known={"manifest.json": MANIFEST}),
                    help="output directory (new, empty, or an earlier synthetic tree)")
     p.add_argument("--classes", type=at_least(1), default=10, help="number of classes (default 10)")
     p.add_argument("--train-per-class", type=at_least(1), default=60, help="training images per class (default 60)")

@@ -205,6 +205,21 @@ def test_refuses_foreign_directory(tmp_path: Path) -> None:
         generate(tmp_path / "x", 2, 2, 1, val_layout="nested")
 
 
+def test_refuses_a_dataset_whose_manifest_is_not_its_own(tmp_path: Path) -> None:
+    """train/, val/ and a manifest.json of something else (every name one of the tree's own): generate used to
+    take the manifest's name as proof and removed train/ and val/ for its rerun."""
+    for split in ("train", "val"):
+        (tmp_path / split / "n01440764").mkdir(parents=True)
+        (tmp_path / split / "n01440764" / "a.JPEG").write_bytes(b"the user's image")
+    (tmp_path / "manifest.json").write_text('{"name": "my dataset", "files": 2}')
+    with pytest.raises(FileExistsError, match="holds no synthetic manifest.json"):
+        generate(tmp_path, 2, 2, 1)
+    assert sorted(p.relative_to(tmp_path).as_posix() for p in tmp_path.rglob("*.JPEG")) == [
+        "train/n01440764/a.JPEG", "val/n01440764/a.JPEG"]
+    generate(tmp_path / "tree", 2, 2, 1)  # its own tree, run again: replaced
+    generate(tmp_path / "tree", 2, 2, 1)
+
+
 def test_no_quirks_writes_only_plain_jpegs(tmp_path: Path) -> None:
     m = generate(tmp_path, 4, 5, 3, seed=1, quirks=False)
     assert m["quirks"] == []

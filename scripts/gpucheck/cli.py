@@ -7,7 +7,7 @@ import sys
 import time
 from pathlib import Path
 
-from data.domains import POSITIVE, OneLineParser, OutputPath, text
+from data.domains import POSITIVE, OneLineParser, OutputPath, json_holding, starting_with, text
 
 from .budget import Budget
 from .report import environment
@@ -16,6 +16,11 @@ from .table import BUDGETS, BY_NAME, SEQUENCES
 
 # what gpu_check writes under --out, and the folders the docs give other runs of it there (gpu.md)
 GPU_CHECK_OWN = ("gpu_check.md", "gpu_check.json", "logs", "work", "bench", "speed", "two-gpus", "two-gpus-bench")
+# Its two reports, known by what they hold (report.write_reports): a file of either name that is not one is
+# the user's, and refused
+GPU_CHECK_KNOWN = {
+    "gpu_check.json": json_holding("an earlier gpu_check.py report", ("environment", "sequence", "steps")),
+    "gpu_check.md": starting_with("an earlier gpu_check.py report", b"# GPU check: ")}
 INJECT_MODES = ("fail", "hang", "slow")
 
 
@@ -32,7 +37,7 @@ def parser(doc: str) -> argparse.ArgumentParser:
     p = OneLineParser(prog="gpu_check.py", description=doc.splitlines()[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter,
                                 epilog="\n".join(doc.splitlines()[2:]))
-    p.add_argument("--out", type=OutputPath("folder", own=GPU_CHECK_OWN),
+    p.add_argument("--out", type=OutputPath("folder", own=GPU_CHECK_OWN, known=GPU_CHECK_KNOWN),
                    help="report folder (gpu_check.md, gpu_check.json, logs/); its work/ is temporary")
     p.add_argument("--device", choices=("auto", "cuda", "cpu"), default="auto",
                    help="cuda (auto's choice where CUDA is available) or cpu: the CPU twin")

@@ -172,6 +172,25 @@ def _users_folder(work: Work) -> Path:
     return folder
 
 
+def _users_dataset(work: Work) -> Path:
+    """train/ and val/ of the user's images beside a manifest.json of the user's own (not a synthetic one)."""
+    folder = work.w / "dataset"
+    for split in ("train", "val"):
+        (folder / split / "n01440764").mkdir(parents=True)
+        (folder / split / "n01440764" / "a.JPEG").write_bytes(_USERS)
+    (folder / "manifest.json").write_bytes(b'{"name": "my dataset"}\n')
+    return folder
+
+
+def _users_dataset_unchanged(work: Work) -> str | None:
+    left = sorted(p.relative_to(work.w / "dataset").as_posix() for p in (work.w / "dataset").rglob("*"))
+    want = ["manifest.json", "train", "train/n01440764", "train/n01440764/a.JPEG", "val", "val/n01440764",
+            "val/n01440764/a.JPEG"]
+    gone, new = [n for n in want if n not in left], [n for n in left if n not in want]
+    return None if left == want else f"the user's dataset changed: {len(gone)} gone ({', '.join(gone[:3])}), " \
+                                     f"{len(new)} new ({', '.join(new[:3])})"
+
+
 def _users_folder_unchanged(work: Work) -> str | None:
     left = sorted(p.name for p in (work.w / "mine").iterdir())
     return None if left == ["notes.txt"] else f"wrote into the user's folder: {', '.join(left)}"
@@ -375,4 +394,9 @@ CASES = [
          "image (a name the tool writes there: it was replaced)", 2, ("--out", "'filters.png'", "has this tool's name"),
          lambda w: ["scripts/figures.py", "--weights", str(last(w.ctx)), "--data", str(w.ctx.data()), "--out",
                     str(_users_file(w, "figs/filters.png").parent)], _users_file_unchanged("figs/filters.png")),
+    Case("make-synthetic-over-a-foreign-manifest", "lost", "make_synthetic.py --out DATASET holding train/, val/ "
+         "and a manifest.json of the user's (every name one of the tree's own: its train/ and val/ were removed)", 2,
+         ("--out", "'manifest.json'", "has this tool's name"),
+         lambda w: ["scripts/make_synthetic.py", "--out", str(_users_dataset(w)), "--classes", "2"],
+         _users_dataset_unchanged),
 ]

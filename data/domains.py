@@ -281,9 +281,10 @@ class OutputPath:
         return [n for n in names if not n.startswith(".") and not any(fnmatch.fnmatch(n, g) for g in self.own)]
 
     def unknown(self, folder: Path) -> list[tuple[str, str]]:
-        """(name, what it should be) of the entries of `folder` named as one of `known` that are not it."""
+        """(name, what it should be) of the entries of `folder` named as one of `known` that are not it (its
+    test sees a file or a folder: a folder where a file is known fails to be read, and is not it)."""
         return [(name, earlier.what) for name, earlier in self.known.items()
-                if (folder / name).exists() and not ((folder / name).is_file() and earlier(folder / name))]
+                if (folder / name).exists() and not earlier(folder / name)]
 
     def __repr__(self) -> str:
         return f"OutputPath({self.kind}, {self.own})"

@@ -33,6 +33,7 @@ import numpy as np
 
 from .archives import INDEX_NAME, ShardMember, TarMember, collect, in_threads, read_member
 from .batchfile import (
+    BATCH_FILE_SUFFIX,
     FORMAT_VERSION,
     BatchFileError,
     atomic_write_bytes,
@@ -42,7 +43,7 @@ from .batchfile import (
     write_batch_file,
 )
 from .decode import RESIZE_MODES, load_image
-from .domains import OutputPath
+from .domains import Earlier, OutputPath, json_holding, starting_with
 from .fsutil import exclusive_dir, remove_stale_temps
 from .layouts import DataError, Item, RawName, printable
 from .procs import die_with_parent
@@ -504,10 +505,27 @@ def check_out(out: Path, inputs: dict[str, list[str]]) -> None:
 OWN_NAMES = ("plan.json", "meta.json", "report.json", "mean.npy", INDEX_NAME, *SPLITS)
 
 
+def _batch_folder(path: Path) -> bool:
+    """A split folder that preprocess wrote: its batch files (NNNNN.h5) and hidden temporaries, nothing else."""
+    return path.is_dir() and all(e.name.startswith(".") or (e.name.endswith(BATCH_FILE_SUFFIX) and not e.is_dir())
+                                 for e in os.scandir(path))
+
+
+# Its own names known by what they hold: a raw dataset's train/ and val/ (class folders of images) are not
+# split folders of batch files, and the user's meta.json is not preprocess's (both were written among).
+# plan.json is judged where it is read, naming what is wrong with it (_read_plan, _check_plan).
+OWN_KNOWN = {**{split: Earlier("a folder of preprocess's batch files (NNNNN.h5) only", _batch_folder)
+                for split in SPLITS},
+             "meta.json": json_holding("an earlier preprocess output's meta.json", ("classes", "splits")),
+             "report.json": json_holding("an earlier preprocess run's report", ("counts", "skipped")),
+             "mean.npy": starting_with("a mean image preprocess wrote (.npy)", b"\x93NUMPY")}
+OUTPUT = OutputPath("folder", own=OWN_NAMES, known=OWN_KNOWN)
+
+
 def _not_written_here(out: Path) -> list[str]:
     """The entries of an existing --out that are not this tool's: none for a new, empty or earlier output
     (the rule of --out's declared domain, for callers of preprocess() that parse no command line)."""
-    return OutputPath("folder", own=OWN_NAMES).foreign(out) if out.is_dir() else []
+    return OUTPUT.foreign(out) + [name for name, _ in OUTPUT.unknown(out)] if out.is_dir() else []
 
 
 def _within(path: str, folder: str) -> bool:

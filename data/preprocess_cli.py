@@ -9,13 +9,13 @@ import sys
 from concurrent.futures.process import BrokenProcessPool
 from pathlib import Path
 
-from data.domains import COUNT, COUNT_TEXT, NON_NEGATIVE, POSITIVE, AnyOf, InputPath, OneLineParser, OutputPath
+from data.domains import COUNT, COUNT_TEXT, NON_NEGATIVE, POSITIVE, AnyOf, InputPath, OneLineParser
 
 from .archives import ArchiveError
 from .decode import RESIZE_MODES
 from .fsutil import os_error_exit_code, os_error_message
 from .layouts import DataError
-from .preprocess import OWN_NAMES, Options, preprocess
+from .preprocess import OUTPUT, Options, preprocess
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -45,7 +45,7 @@ def build_parser() -> argparse.ArgumentParser:
                    "listed in FILE; labels 0..N-1 in sorted-wnid order, val restricted to them")
     p.add_argument("--train-per-class", type=COUNT, metavar="K", help="at most K training images per class "
                    "(the first K by name)")
-    p.add_argument("--out", required=True, type=OutputPath("folder", own=OWN_NAMES), help="output folder")
+    p.add_argument("--out", required=True, type=OUTPUT, help="output folder")
     p.add_argument("--size", type=COUNT, default=256, help="output side in pixels (default 256)")
     p.add_argument("--per-file", type=COUNT, default=256, help="images per batch file (default 256)")
     p.add_argument("--resize", choices=RESIZE_MODES, default="short",

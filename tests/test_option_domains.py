@@ -159,8 +159,9 @@ def _bad_outputs(domain: OutputPath, tmp: Path) -> dict[str, str]:
                 folder.mkdir(exist_ok=True)
                 (folder / name).write_bytes(content)
                 bad[str(folder)] = f"holds {name!r}, which has this tool's name but is not "
-            as_folder = tmp / f"own-names-{name}-a-folder"
+            as_folder = tmp / f"own-names-{name}-a-folder"  # a folder of someone else's under the name
             (as_folder / name).mkdir(parents=True, exist_ok=True)
+            (as_folder / name / "mine.txt").write_text("the user's")
             bad[str(as_folder)] = f"holds {name!r}, which has this tool's name but is not "
         if kind == "folder":
             bad[str(a_file)] = "is a file, not a folder"

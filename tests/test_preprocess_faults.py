@@ -306,7 +306,10 @@ def test_a_damaged_plan_json_is_named(train, tmp_path, content):
 
 def test_an_input_folder_where_the_output_goes_is_refused(train, tmp_path):
     r = cli("--train-dir", train, "--out", train.parent)  # out/train would be the train dir itself
-    assert r.returncode == 2 and "is where --out" in one_line(r.stderr)
+    # refused as --out is read: its train/ holds class folders, not batch files (preprocess's own check of
+    # the inputs, "is where --out writes its batch files", comes after it)
+    assert r.returncode == 2 and "holds 'train', which has this tool's name but is not a folder of preprocess's " \
+        "batch files" in one_line(r.stderr)
     assert not list(train.rglob("*.h5"))
 
 

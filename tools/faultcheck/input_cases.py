@@ -172,20 +172,22 @@ def _users_folder(work: Work) -> Path:
     return folder
 
 
-def _users_dataset(work: Work) -> Path:
-    """train/ and val/ of the user's images beside a manifest.json of the user's own (not a synthetic one)."""
+def _users_dataset(work: Work, manifest: bool = True) -> Path:
+    """train/ and val/ of the user's images (class folders), with a manifest.json of the user's own (not a
+    synthetic one) or without."""
     folder = work.w / "dataset"
     for split in ("train", "val"):
         (folder / split / "n01440764").mkdir(parents=True)
         (folder / split / "n01440764" / "a.JPEG").write_bytes(_USERS)
-    (folder / "manifest.json").write_bytes(b'{"name": "my dataset"}\n')
+    if manifest:
+        (folder / "manifest.json").write_bytes(b'{"name": "my dataset"}\n')
     return folder
 
 
 def _users_dataset_unchanged(work: Work) -> str | None:
     left = sorted(p.relative_to(work.w / "dataset").as_posix() for p in (work.w / "dataset").rglob("*"))
-    want = ["manifest.json", "train", "train/n01440764", "train/n01440764/a.JPEG", "val", "val/n01440764",
-            "val/n01440764/a.JPEG"]
+    want = [*(["manifest.json"] if "manifest.json" in left else []), "train", "train/n01440764",
+            "train/n01440764/a.JPEG", "val", "val/n01440764", "val/n01440764/a.JPEG"]
     gone, new = [n for n in want if n not in left], [n for n in left if n not in want]
     return None if left == want else f"the user's dataset changed: {len(gone)} gone ({', '.join(gone[:3])}), " \
                                      f"{len(new)} new ({', '.join(new[:3])})"
@@ -398,5 +400,10 @@ CASES = [
          "and a manifest.json of the user's (every name one of the tree's own: its train/ and val/ were removed)", 2,
          ("--out", "'manifest.json'", "has this tool's name"),
          lambda w: ["scripts/make_synthetic.py", "--out", str(_users_dataset(w)), "--classes", "2"],
+         _users_dataset_unchanged),
+    Case("preprocess-out-a-raw-dataset", "lost", "preprocess.py --out RAW where RAW holds train/ and val/ of the "
+         "user's images in class folders (its own names: the batch files were written among the images)", 2,
+         ("--out", "'train'", "not a folder of preprocess's batch files"),
+         lambda w: pp("--train-dir", w.ctx.src / "train", "--out", _users_dataset(w, manifest=False)),
          _users_dataset_unchanged),
 ]

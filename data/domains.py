@@ -221,9 +221,9 @@ class OutputPath:
     given for a file, a file given for a folder, a folder (the working directory too) that holds anything
     else, and an existing `file` that `earlier` does not know as the tool's own: no tool writes among,
     renames or overwrites files it did not make. (`either`: the tool judges an existing file itself, with
-    its --force.) A folder's `known` names files it writes there by name and how it knows each as its own:
-    one of those names holding anything else (the user's own filters.png in a figures folder) is refused
-    too. Returns the text."""
+    its --force.) A folder's `known` names entries it writes there by name (files, or folders judged whole)
+    and how it knows each as its own: one of those names holding anything else (the user's own filters.png
+    in a figures folder, a raw dataset's train/ in preprocess's --out) is refused too. Returns the text."""
 
     def __init__(self, kind: str, own: tuple[str, ...] = (), earlier: Earlier | None = None,
                  known: dict[str, Earlier] | None = None):
@@ -282,7 +282,7 @@ class OutputPath:
 
     def unknown(self, folder: Path) -> list[tuple[str, str]]:
         """(name, what it should be) of the entries of `folder` named as one of `known` that are not it (its
-    test sees a file or a folder: a folder where a file is known fails to be read, and is not it)."""
+        test sees a file or a folder: a folder where a file is known fails to be read, and is not it)."""
         return [(name, earlier.what) for name, earlier in self.known.items()
                 if (folder / name).exists() and not earlier(folder / name)]
 

@@ -367,7 +367,8 @@ CASES = [
          "replaced by the JSON)", 2, ("--json and --csv both name", "{w}/results"),
          lambda w: ev(w, "--json", w.w / "results", "--csv", w.w / "results"), _nothing_at("results")),
     Case("report-out-beside-data-meta", "lost", "report.py --out DATA/meta.html (its record, meta.html's .json, "
-         "would replace the data's meta.json)", 2, ("--out", "its record", "meta.json", "exists and is not"),
+         "would replace the data's meta.json; a page inside a preprocessed output is refused first)", 2,
+         ("--out", "meta.html", "inside the preprocessed output"),
          lambda w: ["scripts/report.py", str(w.ctx.run), "--no-progress", "--out", str(_data_copy(w) / "meta.html")],
          lambda w: None if (w.w / "data" / "meta.json").read_bytes() == (w.ctx.data() / "meta.json").read_bytes()
          else "the data's meta.json was replaced"),

@@ -46,7 +46,7 @@ from .decode import RESIZE_MODES, load_image
 from .domains import Earlier, OutputPath, json_holding, starting_with
 from .fsutil import exclusive_dir, remove_stale_temps
 from .layouts import DataError, Item, RawName, printable
-from .procs import die_with_parent
+from .procs import die_with_parent, stops_between_calls
 from .sources import Sources, as_paths, gather
 
 SPLITS = ("train", "val")
@@ -330,12 +330,16 @@ class _Progress:
             self.bar.close()
 
 
-def _run_part(pool: cf.ProcessPoolExecutor, part: list[Task], progress: _Progress) -> None:
-    pending = {pool.submit(process_task, t) for t in part}
-    progress.start()
+def _run_part(pool: cf.ProcessPoolExecutor, part: list[Task], progress: _Progress, check) -> None:
+    pending = set()
     try:
+        for t in part:
+            pending.add(pool.submit(process_task, t))
+            check()
+        progress.start()
         while pending:
             done, pending = cf.wait(pending, timeout=0.5, return_when=cf.FIRST_COMPLETED)
+            check()
             for fut in done:
                 fut.result()  # re-raises a worker's error (disk full, bad archive) or BrokenProcessPool
             progress.update(len(part) - len(pending))
@@ -357,13 +361,13 @@ def _run_pool(todo: list[Task], workers: int, quiet: bool, budget: int) -> None:
     # never walks it, so their forked copies of its pages stay shared instead of being copied.
     gc.freeze()
     try:
-        with cf.ProcessPoolExecutor(workers, mp_context=ctx, initializer=_init_worker,
-                                    initargs=(counter,)) as pool:
+        with stops_between_calls() as check, cf.ProcessPoolExecutor(
+                workers, mp_context=ctx, initializer=_init_worker, initargs=(counter,)) as pool:
             for k, part in enumerate(parts):
                 if k in passes:
                     progress.say(f"streaming shards, pass {passes.index(k) + 1}/{len(passes)}")
                     part = fill(part, workers)
-                _run_part(pool, part, progress)
+                _run_part(pool, part, progress, check)
     finally:
         gc.unfreeze()
         progress.close()

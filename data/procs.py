@@ -5,6 +5,9 @@ import ctypes
 import os
 import signal
 import sys
+import threading
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 
 
 def die_with_parent(sig: int = signal.SIGKILL) -> None:
@@ -41,3 +44,32 @@ def child_pids(pid: int) -> list[int]:
         if int(fields[1]) == pid:
             kids.append(int(entry))
     return sorted(kids)
+
+
+@contextmanager
+def stops_between_calls() -> Iterator[Callable[[], None]]:
+    """Yields `check()`. Meanwhile a SIGINT or SIGTERM that would raise KeyboardInterrupt wherever it lands is
+    noted instead, and `check()` raises it between a process pool's calls (preprocess, upgrade_data). Raised
+    inside concurrent.futures' own code (cf.wait and as_completed hold the futures' locks while they take
+    them one by one), it left a future's lock held for ever: the pool's manager thread waited on it, and the
+    shutdown on the manager, so a Ctrl-C hung the run (seen once in the suite: preprocess, SIGINT while the
+    second part's tasks were submitted and waited on). A stop noted while the pool shut down is raised on
+    leaving. Outside the main thread (where Python sets no handlers) or with other handlers, nothing
+    changes."""
+    got: list[int] = []
+    saved = {}
+    if threading.current_thread() is threading.main_thread():
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            if signal.getsignal(sig) is signal.default_int_handler:
+                saved[sig] = signal.signal(sig, lambda signum, frame: got.append(signum))
+
+    def check() -> None:
+        if got:
+            got.clear()
+            raise KeyboardInterrupt
+    try:
+        yield check
+    finally:
+        for sig, old in saved.items():
+            signal.signal(sig, old)
+    check()  # a stop that came as the pool shut down: the run stops here, resumable

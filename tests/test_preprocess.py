@@ -372,6 +372,51 @@ def same_output(a: Path, b: Path) -> None:
 
 
 @pytest.mark.processes
+@pytest.mark.parametrize("where", ["wait", "submit"])
+def test_a_stop_inside_the_pools_own_code_is_raised_between_its_calls(synth, tmp_path, monkeypatch, where):
+    """Ctrl-C landing inside concurrent.futures (cf.wait holds the futures' locks) once left a lock held and the
+    run hung in the pool's shutdown (the sigint case below, 2026-11-28). The signal is sent from inside the
+    pool's call here, every time: the call must return, and the run stop after it, resumable."""
+    import concurrent.futures as cf
+    import threading
+
+    import data.preprocess as pp
+    if threading.current_thread() is not threading.main_thread():
+        pytest.skip("signal handlers are set in the main thread only")
+    returned = []
+
+    def inside(real):
+        def call(*args, **kwargs):
+            if not returned:
+                signal.raise_signal(signal.SIGINT)  # its handler runs here, inside the pool's call
+            result = real(*args, **kwargs)
+            returned.append(True)
+            return result
+        return call
+    if where == "wait":
+        monkeypatch.setattr(pp.cf, "wait", inside(cf.wait))
+    else:
+        monkeypatch.setattr(cf.ProcessPoolExecutor, "submit", inside(cf.ProcessPoolExecutor.submit))
+    root = synth[0]
+    with pytest.raises(KeyboardInterrupt):
+        preprocess(root / "train", tmp_path / "out", root / "val", root / "LOC_val_solution.csv",
+                   Options(size=64, per_file=2), workers=2, quiet=True)
+    assert returned, "the KeyboardInterrupt was raised inside the pool's own call"
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # handed back
+    monkeypatch.undo()
+    preprocess(root / "train", tmp_path / "ref", root / "val", root / "LOC_val_solution.csv",
+               Options(size=64, per_file=2), workers=2, quiet=True)
+    preprocess(root / "train", tmp_path / "out", root / "val", root / "LOC_val_solution.csv",
+               Options(size=64, per_file=2), workers=2, quiet=True)  # resumes
+    for split in ("train", "val"):
+        names = sorted(p.name for p in (tmp_path / "ref" / split).glob("*.h5"))
+        assert names == sorted(p.name for p in (tmp_path / "out" / split).glob("*.h5"))
+        for name in names:
+            assert read_batch_file(tmp_path / "ref" / split / name)[1].tolist() == \
+                read_batch_file(tmp_path / "out" / split / name)[1].tolist()
+
+
+@pytest.mark.processes
 @pytest.mark.parametrize("how", ["kill_worker", "sigint"])
 def test_interrupted_run_resumes_to_identical_output(synth, tmp_path, how):
     root, _ = synth

@@ -126,6 +126,39 @@ def test_upgrade_killed_resumes_to_identical_output(old, prep, tmp_path):
     same_as_reference(root, prep[0])
 
 
+@pytest.mark.parametrize("where", ["wait", "submit"])
+def test_a_stop_inside_the_pools_own_code_is_raised_between_its_calls(old, prep, tmp_path, monkeypatch, where):
+    """As preprocess's (tests/test_preprocess.py): Ctrl-C sent from inside the pool's call is raised after it
+    returns (inside, as_completed's taking of the futures' locks could leave one held and hang the shutdown);
+    the run stops, and a rerun finishes the conversion."""
+    import concurrent.futures as cf
+    import threading
+    if threading.current_thread() is not threading.main_thread():
+        pytest.skip("signal handlers are set in the main thread only")
+    root, returned = tmp_path / "data", []
+    shutil.copytree(old, root)
+
+    def inside(real):
+        def call(*args, **kwargs):
+            if not returned:
+                signal.raise_signal(signal.SIGINT)  # its handler runs here, inside the pool's call
+            result = real(*args, **kwargs)
+            returned.append(True)
+            return result
+        return call
+    if where == "wait":
+        monkeypatch.setattr(upgrade_mod.cf, "wait", inside(cf.wait))
+    else:
+        monkeypatch.setattr(cf.ProcessPoolExecutor, "submit", inside(cf.ProcessPoolExecutor.submit))
+    with pytest.raises(KeyboardInterrupt):
+        upgrade(root, quiet=True, workers=2)
+    assert returned, "the KeyboardInterrupt was raised inside the pool's own call"
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+    monkeypatch.undo()
+    upgrade(root, quiet=True, workers=2)
+    same_as_reference(root, prep[0])
+
+
 def test_upgrade_names_missing_and_corrupt_files(old, tmp_path):
     """Bad files are listed with the reason (the corrupt image by row and name), the rest converted."""
     root = tmp_path / "data"

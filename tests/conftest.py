@@ -149,6 +149,31 @@ def tiny_overrides(data_root: Path, run_dir: Path, **extra) -> list[str]:
     return [f"{k}={v}" for k, v in base.items()]
 
 
+def sigint_inside_the_pool(monkeypatch, module, where: str) -> list[bool]:
+    """Ctrl-C sent from inside concurrent.futures' own call (`module.cf.wait`, or ProcessPoolExecutor.submit),
+    the first time it is called: its handler runs there. Returns a list that each call that returned appends
+    to. Skips outside the main thread, where Python sets no signal handlers."""
+    import concurrent.futures as cf
+    import threading
+    if threading.current_thread() is not threading.main_thread():
+        pytest.skip("signal handlers are set in the main thread only")
+    returned: list[bool] = []
+
+    def inside(real):
+        def call(*args, **kwargs):
+            if not returned:
+                signal.raise_signal(signal.SIGINT)
+            result = real(*args, **kwargs)
+            returned.append(True)
+            return result
+        return call
+    if where == "wait":
+        monkeypatch.setattr(module.cf, "wait", inside(cf.wait))
+    else:
+        monkeypatch.setattr(cf.ProcessPoolExecutor, "submit", inside(cf.ProcessPoolExecutor.submit))
+    return returned
+
+
 # -- running the suite ---------------------------------------------------------------------------------
 
 WORKERS = 2  # most tests wait on subprocesses or sleeps: two workers keep 2 cores busy

@@ -314,7 +314,8 @@ def test_an_output_takes_a_new_path_and_its_own_earlier_output(tmp_path):
             OutputPath(kind, earlier=earlier)
     # known=: files of a folder known by name, each one of its own names; not for a file
     picture = holding("a marked picture", b"MARK")
-    for kind, own, known in (("folder", ("*.json",), {"filters.png": picture}), ("file", ("x.png",), {"x.png": picture})):
+    for kind, own, known in (("folder", ("*.json",), {"filters.png": picture}),
+                             ("file", ("x.png",), {"x.png": picture})):
         with pytest.raises(ValueError, match=r"^known= names files of an output folder, each one of its own names"):
             OutputPath(kind, own=own, known=known, **({"earlier": mine.earlier} if kind == "file" else {}))
     marked = OutputPath("folder", own=("*.png",), known={"filters.png": picture})

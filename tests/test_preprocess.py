@@ -19,7 +19,7 @@ from data.layouts import DataError
 from data.preprocess import Options, preprocess
 from data.procs import child_pids
 from tests import children
-from tests.conftest import REPO, pipe_nobody_writes, run_script
+from tests.conftest import REPO, pipe_nobody_writes, run_script, sigint_inside_the_pool
 
 
 def all_files(out: Path, split: str) -> list[tuple[np.ndarray, np.ndarray, list[str]]]:
@@ -377,26 +377,8 @@ def test_a_stop_inside_the_pools_own_code_is_raised_between_its_calls(synth, tmp
     """Ctrl-C landing inside concurrent.futures (cf.wait holds the futures' locks) once left a lock held and the
     run hung in the pool's shutdown (the sigint case below, 2026-11-28). The signal is sent from inside the
     pool's call here, every time: the call must return, and the run stop after it, resumable."""
-    import concurrent.futures as cf
-    import threading
-
     import data.preprocess as pp
-    if threading.current_thread() is not threading.main_thread():
-        pytest.skip("signal handlers are set in the main thread only")
-    returned = []
-
-    def inside(real):
-        def call(*args, **kwargs):
-            if not returned:
-                signal.raise_signal(signal.SIGINT)  # its handler runs here, inside the pool's call
-            result = real(*args, **kwargs)
-            returned.append(True)
-            return result
-        return call
-    if where == "wait":
-        monkeypatch.setattr(pp.cf, "wait", inside(cf.wait))
-    else:
-        monkeypatch.setattr(cf.ProcessPoolExecutor, "submit", inside(cf.ProcessPoolExecutor.submit))
+    returned = sigint_inside_the_pool(monkeypatch, pp, where)
     root = synth[0]
     with pytest.raises(KeyboardInterrupt):
         preprocess(root / "train", tmp_path / "out", root / "val", root / "LOC_val_solution.csv",

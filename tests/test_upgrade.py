@@ -18,7 +18,7 @@ from data.preprocess import Options, preprocess
 from data.reader import SplitData
 from data.upgrade import upgrade
 from tests import children
-from tests.conftest import REPO, run_script
+from tests.conftest import REPO, run_script, sigint_inside_the_pool
 from tests.test_fastread import flip_byte, format_1_copy
 
 # Its tests start processes (train.py, tools, groups): not in make test-fast (pytest.ini).
@@ -131,25 +131,9 @@ def test_a_stop_inside_the_pools_own_code_is_raised_between_its_calls(old, prep,
     """As preprocess's (tests/test_preprocess.py): Ctrl-C sent from inside the pool's call is raised after it
     returns (inside, as_completed's taking of the futures' locks could leave one held and hang the shutdown);
     the run stops, and a rerun finishes the conversion."""
-    import concurrent.futures as cf
-    import threading
-    if threading.current_thread() is not threading.main_thread():
-        pytest.skip("signal handlers are set in the main thread only")
-    root, returned = tmp_path / "data", []
+    root = tmp_path / "data"
     shutil.copytree(old, root)
-
-    def inside(real):
-        def call(*args, **kwargs):
-            if not returned:
-                signal.raise_signal(signal.SIGINT)  # its handler runs here, inside the pool's call
-            result = real(*args, **kwargs)
-            returned.append(True)
-            return result
-        return call
-    if where == "wait":
-        monkeypatch.setattr(upgrade_mod.cf, "wait", inside(cf.wait))
-    else:
-        monkeypatch.setattr(cf.ProcessPoolExecutor, "submit", inside(cf.ProcessPoolExecutor.submit))
+    returned = sigint_inside_the_pool(monkeypatch, upgrade_mod, where)
     with pytest.raises(KeyboardInterrupt):
         upgrade(root, quiet=True, workers=2)
     assert returned, "the KeyboardInterrupt was raised inside the pool's own call"

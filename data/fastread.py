@@ -15,6 +15,7 @@ from __future__ import annotations
 import os
 import sys
 from concurrent.futures import ThreadPoolExecutor, wait
+from contextlib import nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -22,6 +23,7 @@ import h5py
 import numpy as np
 
 from .batchfile import BatchFileError, checksum_error
+from .procs import stops_between_calls
 from .xxh3 import xxh3_64
 
 MIN_IMAGES_PER_THREAD = 16  # below this a thread hand-off costs more than it saves
@@ -119,12 +121,16 @@ class ReadPlan:
         n = len(job.fds)
         spans = max(1, min(threads, n // MIN_IMAGES_PER_THREAD)) if pool is not None else 1
         bounds = [n * i // spans for i in range(spans + 1)]
-        futures = [pool.submit(job.read_span, bounds[i], bounds[i + 1]) for i in range(1, spans)]
-        try:
-            failures = [job.read_span(bounds[0], bounds[1])]
-        finally:
-            wait(futures)  # every thread is done writing into `out` before anything is raised
-        failures += [f.result() for f in futures]
+        futures_to_come = spans > 1
+        # a stop signal is handled after the wait (data.procs.stops_between_calls): raised inside it, it
+        # could leave a future's lock held and the reader's threads blocked for good
+        with stops_between_calls() if futures_to_come else nullcontext():
+            futures = [pool.submit(job.read_span, bounds[i], bounds[i + 1]) for i in range(1, spans)]
+            try:
+                failures = [job.read_span(bounds[0], bounds[1])]
+            finally:
+                wait(futures)  # every thread is done writing into `out` before anything is raised
+            failures += [f.result() for f in futures]
         for failure in failures:
             if failure is not None:
                 raise self._error(job, *failure)

@@ -48,28 +48,31 @@ def child_pids(pid: int) -> list[int]:
 
 @contextmanager
 def stops_between_calls() -> Iterator[Callable[[], None]]:
-    """Yields `check()`. Meanwhile a SIGINT or SIGTERM that would raise KeyboardInterrupt wherever it lands is
-    noted instead, and `check()` raises it between a process pool's calls (preprocess, upgrade_data). Raised
-    inside concurrent.futures' own code (cf.wait and as_completed hold the futures' locks while they take
-    them one by one), it left a future's lock held for ever: the pool's manager thread waited on it, and the
-    shutdown on the manager, so a Ctrl-C hung the run (seen once in the suite: preprocess, SIGINT while the
-    second part's tasks were submitted and waited on). A stop noted while the pool shut down is raised on
-    leaving. Outside the main thread (where Python sets no handlers) or with other handlers, nothing
-    changes."""
+    """Yields `check()`. Meanwhile SIGINT, SIGTERM and SIGHUP, where Python handles them (Ctrl-C's
+    KeyboardInterrupt, cli.stopping_on_signals' Stopped, train.py's handlers), are noted instead, and
+    `check()` runs their handlers between a pool's calls (preprocess, upgrade_data, the batch reader's
+    threads, the large-batch benchmark). Raised inside concurrent.futures' own code (wait and as_completed
+    take the futures' locks one by one), a KeyboardInterrupt left a future's lock held for ever: the pool's
+    manager thread waited on it, and the shutdown on the manager, so a Ctrl-C hung the run (seen once in the
+    suite: preprocess, SIGINT while the second part's tasks were submitted and waited on). A signal noted
+    as the block ends is handled on leaving. Outside the main thread (where Python runs no handlers) or for
+    a signal ignored or left to the system, nothing changes."""
     got: list[int] = []
-    saved = {}
+    saved: dict[int, Callable] = {}
     if threading.current_thread() is threading.main_thread():
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            if signal.getsignal(sig) is signal.default_int_handler:
-                saved[sig] = signal.signal(sig, lambda signum, frame: got.append(signum))
+        for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+            old = signal.getsignal(sig)
+            if callable(old):
+                saved[sig] = old
+                signal.signal(sig, lambda signum, frame: got.append(signum))
 
     def check() -> None:
-        if got:
-            got.clear()
-            raise KeyboardInterrupt
+        while got:
+            signum = got.pop(0)
+            saved[signum](signum, None)  # raises (KeyboardInterrupt, Stopped) or notes, as it would have
     try:
         yield check
     finally:
         for sig, old in saved.items():
             signal.signal(sig, old)
-    check()  # a stop that came as the pool shut down: the run stops here, resumable
+    check()  # a signal that came as the pool shut down

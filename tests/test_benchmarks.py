@@ -8,11 +8,13 @@ that gpu_check and docs/benchmarks/*.json rely on.
 beyond one process (tests/test_model_parallel.py measures three of them).
 """
 import json
+import signal
 import sys
+import time
 
 import pytest
 
-from tests.conftest import REPO, run_script
+from tests.conftest import REPO, run_script, sigint_inside_the_pool
 from tests.parsers import parses_over_its_own_output
 
 # Its tests start processes (train.py, tools, groups): not in make test-fast (pytest.ini).
@@ -116,6 +118,28 @@ def test_large_batch_runs_train_py_and_reports_every_point(tmp_path):
     assert [(p["optimizer"], p["lr"], p["in_grid"]) for p in result["sweep"]] == [
         ("sgd", 0.04, True), ("lars", 5.0, False), ("lars", 10.0, True), ("lamb", 0.02, True)]
     assert result["runs"] == 5 and "the sweep at 16 x B" in r.stdout
+
+
+def test_large_batch_ctrl_c_stops_the_grid_and_starts_no_queued_run(monkeypatch, tmp_path):
+    """Ctrl-C (sent from inside the pool's wait, where it once could leave a lock held) stops train_all after
+    that wait returns; the runs still queued are cancelled, not trained one after the other by the shutdown."""
+    import argparse
+    sys.path.insert(0, str(REPO / "scripts"))
+    from bench import large_batch
+    started = []
+
+    def fake_run(run, data, root, args):
+        started.append(run["batch"])
+        time.sleep(0.3)
+        return {"top1_err": 0.5, "status": "done", "seconds": 0.3}
+    monkeypatch.setattr(large_batch, "train_one", fake_run)
+    returned = sigint_inside_the_pool(monkeypatch, large_batch, "wait")
+    runs = [{"batch": b, "arch": "alexnet", "optimizer": "sgd", "lr": 0.01, "seed": 0} for b in range(8)]
+    with pytest.raises(KeyboardInterrupt):
+        large_batch.train_all(runs, tmp_path / "data", tmp_path / "runs", argparse.Namespace(jobs=1))
+    assert returned, "the KeyboardInterrupt was raised inside the pool's own wait"
+    assert len(started) < len(runs), started  # the queued runs were cancelled
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
 
 
 def test_large_batch_gap_and_share_closed():

@@ -36,6 +36,7 @@ import time
 from pathlib import Path
 
 from data.domains import COUNT, NON_NEGATIVE, NON_NEGATIVE_FLOAT, POSITIVE, InputPath, OutputPath, text
+from data.procs import stops_between_calls
 
 from .common import REPO, cpu_name, subcommand
 
@@ -230,13 +231,24 @@ def train_all(runs: list[dict], data: Path, root: Path, args) -> list[dict]:
     root.mkdir(parents=True, exist_ok=True)
     order = sorted(range(len(runs)), key=lambda i: runs[i]["batch"])
     results: list[dict] = [{}] * len(runs)
-    with cf.ThreadPoolExecutor(max_workers=max(1, args.jobs)) as pool:
+    # A Ctrl-C is raised between the pool's calls (data.procs.stops_between_calls), and the runs not started
+    # are cancelled: before, the pool's shutdown went on to train every queued run.
+    with stops_between_calls() as check, cf.ThreadPoolExecutor(max_workers=max(1, args.jobs)) as pool:
         futures = {pool.submit(train_one, runs[i], data, root, args): i for i in order}
-        for n, f in enumerate(cf.as_completed(futures), 1):
-            i = futures[f]
-            results[i] = f.result()
-            print(f"  [{n}/{len(runs)}] {run_name(runs[i])}: top-1 error {results[i]['top1_err']} "
-                  f"({results[i]['status']}, {results[i]['seconds']} s)", file=sys.stderr, flush=True)
+        pending, n = set(futures), 0
+        try:
+            while pending:
+                done, pending = cf.wait(pending, timeout=0.5, return_when=cf.FIRST_COMPLETED)
+                check()
+                for f in done:
+                    i, n = futures[f], n + 1
+                    results[i] = f.result()
+                    print(f"  [{n}/{len(runs)}] {run_name(runs[i])}: top-1 error {results[i]['top1_err']} "
+                          f"({results[i]['status']}, {results[i]['seconds']} s)", file=sys.stderr, flush=True)
+        except BaseException:
+            for f in pending:
+                f.cancel()
+            raise
     return results
 
 

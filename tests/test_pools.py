@@ -1,0 +1,93 @@
+"""Every module that makes a concurrent.futures pool runs its waits under data.procs.stops_between_calls,
+found by walking the source (ast) of data/, layers/, alexnet/, scripts/, tools/ and train.py: a pool added
+later is checked without an edit here (an exemption says why). Ctrl-C raised inside concurrent.futures' own
+code (cf.wait and as_completed take the futures' locks one by one) once left a lock held and hung
+preprocess's shutdown; a pool whose shutdown runs the queued work kept a benchmark training after Ctrl-C.
+What the helper does in each pool is tested where it is used (tests/test_preprocess.py, tests/test_upgrade.py,
+tests/test_benchmarks.py) and for any handler below."""
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+from tests.conftest import REPO
+
+# Modules that make a pool and need not, with the reason.
+EXEMPT = {
+    "data/archives.py": "in_threads waits on one future at a time (f.result()); on Ctrl-C it sets `stop`, and each "
+                        "queued item gives up at its first member",
+    "data/reader.py": "makes the batch reader's pool; its waits are data/fastread.py's, under stops_between_calls",
+    "scripts/bench/read.py": "a benchmark's memory bound: pool.map waits on one future at a time",
+    "tools/faults.py": "developer tool: pool.map waits on one future at a time (after Ctrl-C the shutdown still "
+                       "runs the queued cases: left)",
+    "tools/mutants/replay.py": "developer tool: as tools/faults.py",
+}
+
+
+def pools_without_stops(root: Path = REPO) -> list[str]:
+    """Every module that makes a *PoolExecutor and never enters stops_between_calls."""
+    files = [root / "train.py", *(p for d in ("data", "layers", "alexnet", "scripts", "tools")
+                                  for p in sorted((root / d).rglob("*.py")))]
+    bad = []
+    for path in (f for f in files if f.is_file()):
+        called = {n.func.attr if isinstance(n.func, ast.Attribute) else getattr(n.func, "id", "")
+                  for n in ast.walk(ast.parse(path.read_text(), str(path))) if isinstance(n, ast.Call)}
+        name = path.relative_to(root).as_posix()
+        if any(c.endswith("PoolExecutor") for c in called) and "stops_between_calls" not in called \
+                and name not in EXEMPT:
+            bad.append(name)
+    return bad
+
+
+def test_every_pool_runs_under_stops_between_calls():
+    bad = pools_without_stops()
+    assert not bad, "process or thread pools without data.procs.stops_between_calls:\n" + "\n".join(bad)
+
+
+def test_the_walk_finds_the_pools_and_sees_one_without_it(tmp_path):
+    """An independent look: a module with one pool under the helper and one without."""
+    (tmp_path / "data").mkdir()
+    (tmp_path / "data" / "m.py").write_text(
+        "import concurrent.futures as cf\nfrom data.procs import stops_between_calls\n"
+        "def good():\n    with stops_between_calls() as check, cf.ProcessPoolExecutor(2) as pool:\n        pass\n"
+        "def bad():\n    with cf.ThreadPoolExecutor(2) as pool:\n        pass\n")
+    assert pools_without_stops(tmp_path) == []
+    (tmp_path / "data" / "n.py").write_text("import concurrent.futures as cf\ndef bad():\n"
+                                            "    with cf.ThreadPoolExecutor(2) as pool:\n        pass\n")
+    assert pools_without_stops(tmp_path) == ["data/n.py"]
+    # the real code holds the pools this check exists for
+    source = {p: (REPO / p).read_text() for p in ("data/preprocess.py", "data/upgrade.py",
+                                                  "scripts/bench/large_batch.py", "data/fastread.py")}
+    assert all("stops_between_calls()" in text for text in source.values())
+
+
+def test_a_signal_inside_the_block_is_handled_after_it_by_its_own_handler():
+    """Any Python handler, not only Ctrl-C's: cli.stopping_on_signals' Stopped is raised by check(), after the
+    call it landed in; the handlers are handed back."""
+    import signal
+    import threading
+
+    import pytest
+
+    from data.procs import stops_between_calls
+    if threading.current_thread() is not threading.main_thread():
+        pytest.skip("signal handlers are set in the main thread only")
+
+    class Raised(Exception):
+        pass
+
+    def handler(signum, frame):
+        raise Raised(signum)
+    old = signal.signal(signal.SIGTERM, handler)
+    try:
+        with pytest.raises(Raised):
+            with stops_between_calls() as check:
+                signal.raise_signal(signal.SIGTERM)  # noted, not raised here
+                after = True
+                check()
+        assert after and signal.getsignal(signal.SIGTERM) is handler
+        with pytest.raises(Raised):  # noted in the block's last moment: handled on leaving
+            with stops_between_calls():
+                signal.raise_signal(signal.SIGTERM)
+    finally:
+        signal.signal(signal.SIGTERM, old)

@@ -29,7 +29,7 @@ from alexnet.weights.common import FormatError, load_npy
 from alexnet.weights.load import load_weights
 from data.batchfile import BatchFileError, atomic_write_bytes, open_batch_file
 from tests import children
-from tests.conftest import REPO, run_script, tiny_overrides
+from tests.conftest import REPO, load_script, run_script, tiny_overrides
 from tools.faultcheck.core import restamp_mean
 from tools.faultcheck.tool_cases import SLOW_EVAL as FAULT_TABLE_SLOW_EVAL
 
@@ -140,11 +140,13 @@ def test_numbers_in_a_file_name_the_file_and_line(tmp_path):
     assert read_yaml("a: [.inf, -.inf, 1.5e300, 0.0, 0e5]") == {"a": [float("inf"), float("-inf"), 1.5e300, 0.0, 0.0]}
 
 
-def test_train_py_huge_epochs_is_one_line(tmp_path, train_data):
-    r = run_script("train.py", "configs/demo.yaml", *tiny_overrides(train_data, tmp_path / "run"),
-                   f"train.epochs={DIGITS_400}")
-    assert r.returncode == 2
-    assert _one_line(r.stderr).startswith(f"train.py: error: override 'train.epochs={DIGITS_400[:60]}")
+def test_train_py_huge_epochs_is_one_line(tmp_path, train_data, capsys):
+    import train
+    capsys.readouterr()
+    assert train.main(["configs/demo.yaml", *tiny_overrides(train_data, tmp_path / "run"),
+                       f"train.epochs={DIGITS_400}"]) == 2
+    assert _one_line(capsys.readouterr().err).startswith(f"train.py: error: override 'train.epochs={DIGITS_400[:60]}")
+    assert not (tmp_path / "run").exists()
 
 
 # -- 2. arguments validated before anything is written -----------------------------------------------------
@@ -325,21 +327,30 @@ def _image(synth) -> str:
     return str(root / "train" / manifest["classes"][0] / f"{manifest['classes'][0]}_00001.JPEG")
 
 
-def test_predict_refuses_a_nan_mean(train_data, synth, caffenet_weights, tmp_path):
+def _predict(capsys, *args: str) -> tuple[int, str, str]:
+    """predict.py's main in this process: (exit code, stdout, stderr). Its exit codes and output as a real
+    process: tests/test_predict.py and the option domains' sampled refusal."""
+    capsys.readouterr()
+    code = load_script("predict").main(list(args))
+    out = capsys.readouterr()
+    return code, out.out, out.err
+
+
+def test_predict_refuses_a_nan_mean(train_data, synth, caffenet_weights, tmp_path, capsys):
     data = _data_copy(train_data, tmp_path)
-    base = ["scripts/predict.py", str(caffenet_weights), _image(synth), "--arch", "caffenet", "--data", str(data)]
-    r = run_script(*base)
-    assert r.returncode == 0 and "nan" not in r.stdout and " %  " in r.stdout  # the intact mean: probabilities
+    base = [str(caffenet_weights), _image(synth), "--arch", "caffenet", "--data", str(data)]
+    code, out, _ = _predict(capsys, *base)
+    assert code == 0 and "nan" not in out and " %  " in out  # the intact mean: probabilities
     mean = np.load(data / "mean.npy")
     mean[3, 4, 1] = np.nan
     restamp_mean(data, mean)
-    r = run_script(*base)
-    assert r.returncode == 2 and r.stdout == ""
-    assert _one_line(r.stderr) == f"predict.py: error: {data / 'mean.npy'}: the mean image holds NaN or inf"
+    code, out, err = _predict(capsys, *base)
+    assert code == 2 and out == ""
+    assert _one_line(err) == f"predict.py: error: {data / 'mean.npy'}: the mean image holds NaN or inf"
     np.save(data / "mean.npy", np.full_like(mean, 117.0))  # another output's mean, finite: not this output's
-    r = run_script(*base)
-    assert r.returncode == 2 and r.stdout == ""
-    assert _one_line(r.stderr).startswith(f"predict.py: error: {data / 'mean.npy'}: not this output's mean image")
+    code, out, err = _predict(capsys, *base)
+    assert code == 2 and out == ""
+    assert _one_line(err).startswith(f"predict.py: error: {data / 'mean.npy'}: not this output's mean image")
 
 
 @pytest.mark.parametrize("meta, says", [
@@ -347,13 +358,12 @@ def test_predict_refuses_a_nan_mean(train_data, synth, caffenet_weights, tmp_pat
     (b"[1, 2, 3]", "the top level must be a JSON object, got [1, 2, 3]"),
     (b'{"format_version": 2}', "classes must be a list of class names, got None"),
 ], ids=["binary", "list", "no-classes"])
-def test_predict_damaged_meta_is_one_line(train_data, synth, caffenet_weights, tmp_path, meta, says):
+def test_predict_damaged_meta_is_one_line(train_data, synth, caffenet_weights, tmp_path, capsys, meta, says):
     data = _data_copy(train_data, tmp_path)
     (data / "meta.json").write_bytes(meta)
-    r = run_script("scripts/predict.py", str(caffenet_weights), _image(synth), "--arch", "caffenet", "--data",
-                   str(data))
-    assert r.returncode == 2
-    assert _one_line(r.stderr) == f"predict.py: error: {data / 'meta.json'}: {says}"
+    code, _, err = _predict(capsys, str(caffenet_weights), _image(synth), "--arch", "caffenet", "--data", str(data))
+    assert code == 2
+    assert _one_line(err) == f"predict.py: error: {data / 'meta.json'}: {says}"
 
 
 # -- 4. signals -------------------------------------------------------------------------------------------

@@ -62,14 +62,14 @@ def test_a_hung_tree_is_killed_whole_and_named(tmp_path):
 
 
 def test_a_slow_child_is_waited_for(tmp_path):
-    """About a third of one core for 5 rounds of a second: over the stall limit of 2 s, but not hung."""
-    r = children.run(spin(tmp_path, 0.3, 0.7, 5), cpu_s=60, stall_s=2)
+    """About a third of one core for 3 rounds of a second: past the stall limit of 2 s, but not hung."""
+    r = children.run(spin(tmp_path, 0.3, 0.7, 3), cpu_s=60, stall_s=2)
     assert r.returncode == 0 and r.stdout == "done\n", r.stderr
 
 
 def test_the_work_of_a_grandchild_counts(tmp_path):
     """The child only waits while its child works: the tree made progress."""
-    r = children.run(spin(tmp_path, 0.3, 0.7, 5, parent=True), cpu_s=60, stall_s=2)
+    r = children.run(spin(tmp_path, 0.3, 0.7, 3, parent=True), cpu_s=60, stall_s=2)
     assert r.returncode == 0 and r.stdout == "done\n", r.stderr
 
 

@@ -124,10 +124,9 @@ def theano_folder(factory) -> Path:
 def theano_pt(factory) -> Path:
     """The Theano folder converted to our .pt (caffenet, the paper's LRN): what converts back to a folder."""
     path = factory.getbasetemp() / "write_points_theano.pt"
-    if not path.exists():
-        from tests.conftest import run_script
-        r = run_script("scripts/convert_weights.py", str(theano_folder(factory)), str(path))
-        assert r.returncode == 0, r.stderr
+    if not path.exists():  # an input of the walk, not a walked run: in this process
+        from tests.conftest import load_script
+        assert load_script("convert_weights").main([str(theano_folder(factory)), str(path)]) == 0
     return path
 
 

@@ -12,9 +12,9 @@ release the GIL, so the spans run in parallel where cores are free.
 """
 from __future__ import annotations
 
+import concurrent.futures as cf
 import os
 import sys
-from concurrent.futures import ThreadPoolExecutor, wait
 from contextlib import nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -109,7 +109,7 @@ class ReadPlan:
     def __len__(self) -> int:
         return sum(len(rows) for _, rows, _ in self.parts)
 
-    def run(self, out: np.ndarray, threads: int, pool: ThreadPoolExecutor | None) -> None:
+    def run(self, out: np.ndarray, threads: int, pool: cf.ThreadPoolExecutor | None) -> None:
         """Read every planned image into `out` (C-contiguous uint8 N x H x W x 3), checking each."""
         if not len(self):
             return
@@ -129,7 +129,7 @@ class ReadPlan:
             try:
                 failures = [job.read_span(bounds[0], bounds[1])]
             finally:
-                wait(futures)  # every thread is done writing into `out` before anything is raised
+                cf.wait(futures)  # every thread is done writing into `out` before anything is raised
             failures += [f.result() for f in futures]
         for failure in failures:
             if failure is not None:

@@ -1,13 +1,19 @@
 """Process helpers shared by the preprocessing pool, the loader process and the replica launcher."""
 from __future__ import annotations
 
+import concurrent.futures as cf
 import ctypes
+import itertools
 import os
 import signal
 import sys
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
+from typing import TypeVar
+
+T = TypeVar("T")
+R = TypeVar("R")
 
 
 def die_with_parent(sig: int = signal.SIGKILL) -> None:
@@ -76,3 +82,27 @@ def stops_between_calls() -> Iterator[Callable[[], None]]:
         for sig, old in saved.items():
             signal.signal(sig, old)
     check()  # a signal that came as the pool shut down
+
+
+def in_threads(fn: Callable[[T], R], items: Sequence[T], jobs: int,
+               done: Callable[[int, R], None] | None = None) -> list[R]:
+    """fn over `items` in their order, `jobs` at a time in threads; the results in that order. `done(i,
+    result)` runs in this thread as each one finishes. An item is handed to the pool only when a thread is
+    free for it, so that a stop signal (Ctrl-C, SIGTERM, SIGHUP: raised between the pool's calls, by
+    stops_between_calls) or an item that raises leaves nothing queued: only the running items finish (a
+    thread cannot be stopped). A pool given every item at once ran all of them after a Ctrl-C, in its
+    shutdown."""
+    results: list = [None] * len(items)
+    todo = iter(enumerate(items))
+    with stops_between_calls() as check, cf.ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
+        running = {pool.submit(fn, item): i for i, item in itertools.islice(todo, max(1, jobs))}
+        while running:
+            finished, _ = cf.wait(running, timeout=0.5, return_when=cf.FIRST_COMPLETED)
+            check()
+            for f in sorted(finished, key=running.__getitem__):
+                i = running.pop(f)
+                results[i] = f.result()
+                if done is not None:
+                    done(i, results[i])
+                running.update({pool.submit(fn, item): k for k, item in itertools.islice(todo, 1)})
+    return results

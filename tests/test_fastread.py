@@ -139,6 +139,27 @@ def test_threads_and_strided_output_give_the_same_batch(prep):
     three.close()
 
 
+def test_a_ctrl_c_inside_the_threads_wait_is_raised_after_it(prep, monkeypatch):
+    """Ctrl-C landing inside the wait for the reader's threads (data.procs.stops_between_calls): the wait
+    returns, KeyboardInterrupt follows it, Python's handler is back, and the threads and the reader are
+    whole: the next read equals a one-thread read."""
+    import signal
+
+    import data.fastread as fastread
+    from tests.conftest import sigint_inside_the_pool
+    out, _ = prep
+    one, three = SplitData(out, "train", threads=1), SplitData(out, "train", threads=3)
+    idx = np.arange(len(one))
+    assert len(idx) >= 2 * fastread.MIN_IMAGES_PER_THREAD  # helper threads read: there is a wait
+    handler = signal.getsignal(signal.SIGINT)
+    returned = sigint_inside_the_pool(monkeypatch, fastread, "wait")
+    with pytest.raises(KeyboardInterrupt):
+        three.read(idx)
+    assert returned and signal.getsignal(signal.SIGINT) is handler
+    np.testing.assert_array_equal(three.read(idx)[0], one.read(idx)[0])
+    three.close()
+
+
 def test_file_replaced_in_place_while_open_is_reread(prep, old, tmp_path):
     """A reader keeps working while its folder is upgraded in place (it reopens replaced files)."""
     out = tmp_path / "data"

@@ -4,7 +4,8 @@ later is checked without an edit here (an exemption says why). Ctrl-C raised ins
 code (cf.wait and as_completed take the futures' locks one by one) once left a lock held and hung
 preprocess's shutdown; a pool whose shutdown runs the queued work kept a benchmark training after Ctrl-C.
 What the helper does in each pool is tested where it is used (tests/test_preprocess.py, tests/test_upgrade.py,
-tests/test_benchmarks.py) and for any handler below."""
+tests/test_benchmarks.py) and for any handler below; data.procs.in_threads (the thread pool of the benchmark
+grid, tools/faults.py and tools/mutants.py) below."""
 from __future__ import annotations
 
 import ast
@@ -18,9 +19,6 @@ EXEMPT = {
                         "queued item gives up at its first member",
     "data/reader.py": "makes the batch reader's pool; its waits are data/fastread.py's, under stops_between_calls",
     "scripts/bench/read.py": "a benchmark's memory bound: pool.map waits on one future at a time",
-    "tools/faults.py": "developer tool: pool.map waits on one future at a time (after Ctrl-C the shutdown still "
-                       "runs the queued cases: left)",
-    "tools/mutants/replay.py": "developer tool: as tools/faults.py",
 }
 
 
@@ -56,9 +54,11 @@ def test_the_walk_finds_the_pools_and_sees_one_without_it(tmp_path):
                                             "    with cf.ThreadPoolExecutor(2) as pool:\n        pass\n")
     assert pools_without_stops(tmp_path) == ["data/n.py"]
     # the real code holds the pools this check exists for
-    source = {p: (REPO / p).read_text() for p in ("data/preprocess.py", "data/upgrade.py",
-                                                  "scripts/bench/large_batch.py", "data/fastread.py")}
+    source = {p: (REPO / p).read_text() for p in ("data/preprocess.py", "data/upgrade.py", "data/fastread.py")}
     assert all("stops_between_calls()" in text for text in source.values())
+    threads = {p: (REPO / p).read_text() for p in ("scripts/bench/large_batch.py", "tools/faults.py",
+                                                   "tools/mutants/replay.py")}
+    assert all("in_threads(" in text and "PoolExecutor" not in text for text in threads.values())
 
 
 def test_a_signal_inside_the_block_is_handled_after_it_by_its_own_handler():
@@ -91,3 +91,70 @@ def test_a_signal_inside_the_block_is_handled_after_it_by_its_own_handler():
                 signal.raise_signal(signal.SIGTERM)
     finally:
         signal.signal(signal.SIGTERM, old)
+
+
+def _main_thread_only() -> None:
+    import threading
+
+    import pytest
+    if threading.current_thread() is not threading.main_thread():
+        pytest.skip("signal handlers are set in the main thread only")
+
+
+def test_in_threads_gives_the_results_in_order_and_each_once_as_it_finishes():
+    import threading
+
+    from data.procs import in_threads
+    seen, last_done = [], threading.Event()
+
+    def square(x: int) -> int:
+        if x == 0:  # the first item ends last: it waits for the others' done()
+            assert last_done.wait(30)
+        return x * x
+
+    def done(i: int, r: int) -> None:
+        seen.append((i, r))
+        if i == 4:
+            last_done.set()
+    assert in_threads(square, [0, 1, 2, 3, 4], 2, done) == [0, 1, 4, 9, 16]
+    assert seen == [(1, 1), (2, 4), (3, 9), (4, 16), (0, 0)]
+
+
+def test_a_ctrl_c_in_in_threads_starts_no_queued_item_and_hands_the_handler_back():
+    """Ctrl-C while the first item runs: KeyboardInterrupt after the pool's call, the running item finishes,
+    no other item starts (before, leaving the pool ran every queued one), Python's own handler is back."""
+    import os
+    import signal
+
+    import pytest
+
+    from data.procs import in_threads
+    _main_thread_only()
+    started, ended = [], []
+
+    def work(x: int) -> int:
+        started.append(x)
+        if x == 0:  # from the pool's thread: the main thread, in the pool's wait, gets it
+            os.kill(os.getpid(), signal.SIGINT)
+        ended.append(x)
+        return x
+    handler = signal.getsignal(signal.SIGINT)
+    with pytest.raises(KeyboardInterrupt):
+        in_threads(work, list(range(8)), 1)
+    assert started == ended == [0] and signal.getsignal(signal.SIGINT) is handler
+
+
+def test_a_failing_item_in_in_threads_is_raised_and_starts_no_other():
+    import pytest
+
+    from data.procs import in_threads
+    started = []
+
+    def work(x: int) -> int:
+        started.append(x)
+        if x == 1:
+            raise ValueError("item 1")
+        return x
+    with pytest.raises(ValueError, match="item 1"):
+        in_threads(work, list(range(8)), 1)
+    assert started == [0, 1]

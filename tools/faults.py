@@ -24,11 +24,11 @@ import signal
 import sys
 import tempfile
 import time
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from data.procs import in_threads  # noqa: E402
 from tools.faultcheck import identity_cases, input_cases, preprocess_cases, report, tool_cases, train_cases  # noqa: E402
 from tools.faultcheck.core import Case, Ctx, run_case  # noqa: E402
 
@@ -72,11 +72,9 @@ def main(argv: list[str] | None = None) -> int:
     root.mkdir(parents=True, exist_ok=True)
     ctx = Ctx(root.resolve())
     try:
-        with ThreadPoolExecutor(max(1, args.jobs)) as pool:
-            outcomes = []
-            for outcome in pool.map(lambda c: run_case(ctx, c, CASES.index(c) + 1), cases):
-                print(report.line(outcome), flush=True)
-                outcomes.append(outcome)
+        # A Ctrl-C stops the cases not yet started (in_threads); the running ones finish
+        outcomes = in_threads(lambda c: run_case(ctx, c, CASES.index(c) + 1), cases, args.jobs,
+                              lambda i, outcome: print(report.line(outcome), flush=True))
     finally:
         if not args.work:
             shutil.rmtree(root, ignore_errors=True)

@@ -25,7 +25,6 @@ machine; more where other work shares it); --no-sweep keeps the table's 30, --se
 from __future__ import annotations
 
 import argparse
-import concurrent.futures as cf
 import json
 import os
 import statistics
@@ -36,7 +35,7 @@ import time
 from pathlib import Path
 
 from data.domains import COUNT, NON_NEGATIVE, NON_NEGATIVE_FLOAT, POSITIVE, InputPath, OutputPath, text
-from data.procs import stops_between_calls
+from data.procs import in_threads
 
 from .common import REPO, cpu_name, subcommand
 
@@ -227,28 +226,21 @@ def train_one(r: dict, data: Path, runs: Path, args) -> dict:
 
 
 def train_all(runs: list[dict], data: Path, root: Path, args) -> list[dict]:
-    """Every run, --jobs at a time (the long small-batch runs first); results in the order of `runs`."""
+    """Every run, --jobs at a time (the long small-batch runs first); results in the order of `runs`. A Ctrl-C
+    starts no queued run (data.procs.in_threads): before, the pool's shutdown went on to train every one."""
     root.mkdir(parents=True, exist_ok=True)
     order = sorted(range(len(runs)), key=lambda i: runs[i]["batch"])
+    n = 0
+
+    def done(k: int, result: dict) -> None:
+        nonlocal n
+        n += 1
+        print(f"  [{n}/{len(runs)}] {run_name(runs[order[k]])}: top-1 error {result['top1_err']} "
+              f"({result['status']}, {result['seconds']} s)", file=sys.stderr, flush=True)
+    finished = in_threads(lambda r: train_one(r, data, root, args), [runs[i] for i in order], args.jobs, done)
     results: list[dict] = [{}] * len(runs)
-    # A Ctrl-C is raised between the pool's calls (data.procs.stops_between_calls), and the runs not started
-    # are cancelled: before, the pool's shutdown went on to train every queued run.
-    with stops_between_calls() as check, cf.ThreadPoolExecutor(max_workers=max(1, args.jobs)) as pool:
-        futures = {pool.submit(train_one, runs[i], data, root, args): i for i in order}
-        pending, n = set(futures), 0
-        try:
-            while pending:
-                done, pending = cf.wait(pending, timeout=0.5, return_when=cf.FIRST_COMPLETED)
-                check()
-                for f in done:
-                    i, n = futures[f], n + 1
-                    results[i] = f.result()
-                    print(f"  [{n}/{len(runs)}] {run_name(runs[i])}: top-1 error {results[i]['top1_err']} "
-                          f"({results[i]['status']}, {results[i]['seconds']} s)", file=sys.stderr, flush=True)
-        except BaseException:
-            for f in pending:
-                f.cancel()
-            raise
+    for k, i in enumerate(order):
+        results[i] = finished[k]
     return results
 
 

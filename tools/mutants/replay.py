@@ -8,9 +8,10 @@ import subprocess
 import sys
 import tempfile
 import time
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
+
+from data.procs import in_threads
 
 from .catalogue import Mutant, StaleMutant
 
@@ -91,8 +92,7 @@ def replay(mutants: list[Mutant], root: Path, timeout: float, jobs: int = 1) -> 
         v = replay_one(m, root, files, timeout)
         print(f"{m.id}: {v.result} ({v.seconds:.0f} s){' ' + v.detail if v.detail else ''}", flush=True)
         return v
-    with ThreadPoolExecutor(max_workers=jobs) as pool:
-        return list(pool.map(one, mutants))
+    return in_threads(one, mutants, jobs)  # a Ctrl-C starts no queued mutant
 
 
 def table(verdicts: list[Verdict]) -> str:

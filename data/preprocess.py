@@ -31,7 +31,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .archives import INDEX_NAME, ShardMember, TarMember, collect, in_threads, read_member
+from .archives import INDEX_NAME, INDEX_START, ShardMember, TarMember, collect, in_threads, read_member
 from .batchfile import (
     BATCH_FILE_SUFFIX,
     FORMAT_VERSION,
@@ -516,13 +516,16 @@ def _batch_folder(path: Path) -> bool:
 
 
 # Its own names known by what they hold: a raw dataset's train/ and val/ (class folders of images) are not
-# split folders of batch files, and the user's meta.json is not preprocess's (both were written among).
+# split folders of batch files, and the user's meta.json is not preprocess's (both were written among); a
+# user's sources_index.json was read as "no index yet" and replaced.
 # plan.json is judged where it is read, naming what is wrong with it (_read_plan, _check_plan).
 OWN_KNOWN = {**{split: Earlier("a folder of preprocess's batch files (NNNNN.h5) only", _batch_folder)
                 for split in SPLITS},
              "meta.json": json_holding("an earlier preprocess output's meta.json", ("classes", "splits")),
              "report.json": json_holding("an earlier preprocess run's report", ("counts", "skipped")),
-             "mean.npy": starting_with("a mean image preprocess wrote (.npy)", b"\x93NUMPY")}
+             "mean.npy": starting_with("a mean image preprocess wrote (.npy)", b"\x93NUMPY"),
+             # by its first bytes: ImageNet's index is some 80 MB, read again only when archives are listed
+             INDEX_NAME: starting_with("the archive index an earlier preprocess run wrote", INDEX_START)}
 OUTPUT = OutputPath("folder", own=OWN_NAMES, known=OWN_KNOWN)
 
 

@@ -350,6 +350,8 @@ def test_the_index_says_what_it_indexes_and_keeps_it_compact(tmp_path, capfd):
     assert text.startswith('{"version":2,"archives":{') and ", " not in text and ": " not in text
     again = archives.SourceIndex(out, quiet=True).members([str(tar), str(shard)])
     assert again == got and capfd.readouterr().err == ""
+    from data.preprocess import OUTPUT
+    assert OUTPUT.unknown(out) == []  # --out knows the index it wrote (a user's file of that name: refused)
 
 
 def test_an_archive_changed_while_indexed_is_refused(tmp_path, monkeypatch):

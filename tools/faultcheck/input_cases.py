@@ -407,4 +407,12 @@ CASES = [
          ("--out", "'train'", "not a folder of preprocess's batch files"),
          lambda w: pp("--train-dir", w.ctx.src / "train", "--out", _users_dataset(w, manifest=False)),
          _users_dataset_unchanged),
+    Case("preprocess-out-over-a-users-sources-index", "lost", "preprocess.py --out OUT where OUT holds only a "
+         "sources_index.json of the user's (its own name: read as no index yet, then replaced by the archives' "
+         "index; with folders of images, written beside)", 2,
+         ("--out", "'sources_index.json'", "has this tool's name"),
+         lambda w: pp("--train-dir", w.ctx.src / "train", "--out", _users_file(w, "out/sources_index.json").parent),
+         lambda w: _users_file_unchanged("out/sources_index.json")(w) or (
+             None if sorted(p.name for p in (w.w / "out").iterdir()) == ["sources_index.json"]
+             else "preprocess wrote into the folder")),
 ]

@@ -321,3 +321,23 @@ def test_pytest_summary_is_parsed(line, want):
 def test_no_cuda_without_device_cpu_exits_2(tmp_path, capsys):
     assert cli.main(["--out", str(tmp_path)], doc="doc") == 2
     assert "--device cpu" in capsys.readouterr().err
+
+
+def test_an_earlier_runs_work_and_logs_are_its_own_and_the_users_folders_of_those_names_are_refused(tmp_path):
+    """gpu_check removes work/ and logs/ when it starts (and work/ at its end): those of a killed or --keep-work
+    run are its own; a user's folder of either name in --out was removed with them, and is refused now."""
+    from gpucheck.context import Ctx
+    out = tmp_path / "out"
+    ctx = Ctx(out, "cpu", 0, inject={"bench-train": "slow"})
+    runner.prepare(ctx)  # what a run has made before its first step (work/context.json, logs/)
+    (ctx.logs / "data.log").write_text("a step's log\n")
+    (ctx.logs / "resume-sigint").mkdir()
+    (ctx.logs / "resume-sigint" / "straight.log").write_text("a command's log\n")
+    cli.parse_args(["--out", str(out)], "doc")  # its own: accepted
+    for name in ("work", "logs"):
+        users = tmp_path / f"users-{name}"
+        (users / name).mkdir(parents=True)
+        (users / name / "thesis.tex").write_text("the user's")
+        with pytest.raises(SystemExit) as e:
+            cli.parse_args(["--out", str(users)], "doc")
+        assert e.value.code == 2 and (users / name / "thesis.tex").read_text() == "the user's"

@@ -7,7 +7,7 @@ import sys
 import time
 from pathlib import Path
 
-from data.domains import POSITIVE, OneLineParser, OutputPath, json_holding, starting_with, text
+from data.domains import POSITIVE, Earlier, OneLineParser, OutputPath, json_holding, starting_with, text
 
 from .budget import Budget
 from .report import environment
@@ -16,11 +16,42 @@ from .table import BUDGETS, BY_NAME, SEQUENCES
 
 # what gpu_check writes under --out, and the folders the docs give other runs of it there (gpu.md)
 GPU_CHECK_OWN = ("gpu_check.md", "gpu_check.json", "logs", "work", "bench", "speed", "two-gpus", "two-gpus-bench")
-# Its two reports, known by what they hold (report.write_reports): a file of either name that is not one is
-# the user's, and refused
+CONTEXT_KEYS = ("out", "device", "gpus", "inject")  # work/context.json (runner.prepare)
+
+
+def _own_work(path: Path) -> bool:
+    """work/ of an earlier run (killed, or --keep-work): its context.json, or no more than the empty results/
+    that runner.prepare makes first. A run removes its work/ at the start and the end."""
+    context = path / "context.json"
+    if context.is_file():
+        return json_holding("", CONTEXT_KEYS)(context)
+    return {e.name for e in path.iterdir()} <= {"results"} and not any((path / "results").glob("*"))
+
+
+def _own_logs(path: Path) -> bool:
+    """logs/ of an earlier run: STEP.log files and STEP/ folders of LABEL.log files (runner, commands), steps of
+    the table only. A run replaces its logs/ at the start."""
+    def log(entry: Path) -> bool:
+        return entry.is_file() and entry.suffix == ".log"
+    return all((log(e) and e.stem in BY_NAME) or (e.is_dir() and e.name in BY_NAME and all(map(log, e.iterdir())))
+               for e in path.iterdir())
+
+
+def _own_report_folder(path: Path) -> bool:
+    """bench/, speed/, ...: the --out of another gpu_check run (the docs put them there), by the same rule."""
+    return path.is_dir() and not OUT.foreign(path) and not OUT.unknown(path)
+
+
+# What it writes there, known by what it holds: its two reports (report.write_reports), and the folders a run
+# replaces whole (work/, logs/: an earlier run's, never the user's folder of that name) or are other runs' --out
 GPU_CHECK_KNOWN = {
     "gpu_check.json": json_holding("an earlier gpu_check.py report", ("environment", "sequence", "steps")),
-    "gpu_check.md": starting_with("an earlier gpu_check.py report", b"# GPU check: ")}
+    "gpu_check.md": starting_with("an earlier gpu_check.py report", b"# GPU check: "),
+    "work": Earlier("the work folder of an earlier gpu_check.py run (work/context.json)", _own_work),
+    "logs": Earlier("the logs of an earlier gpu_check.py run (STEP.log, STEP/LABEL.log)", _own_logs),
+    **{name: Earlier("the --out of another gpu_check.py run", _own_report_folder)
+       for name in ("bench", "speed", "two-gpus", "two-gpus-bench")}}
+OUT = OutputPath("folder", own=GPU_CHECK_OWN, known=GPU_CHECK_KNOWN)
 INJECT_MODES = ("fail", "hang", "slow")
 
 
@@ -37,7 +68,7 @@ def parser(doc: str) -> argparse.ArgumentParser:
     p = OneLineParser(prog="gpu_check.py", description=doc.splitlines()[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter,
                                 epilog="\n".join(doc.splitlines()[2:]))
-    p.add_argument("--out", type=OutputPath("folder", own=GPU_CHECK_OWN, known=GPU_CHECK_KNOWN),
+    p.add_argument("--out", type=OUT,
                    help="report folder (gpu_check.md, gpu_check.json, logs/); its work/ is temporary")
     p.add_argument("--device", choices=("auto", "cuda", "cpu"), default="auto",
                    help="cuda (auto's choice where CUDA is available) or cpu: the CPU twin")

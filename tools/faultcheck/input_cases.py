@@ -214,7 +214,8 @@ def _users_file(work: Work, name: str) -> Path:
 
 
 def _users_file_unchanged(name: str):
-    return lambda w: None if (w.w / name).read_bytes() == _USERS else f"{name} was replaced"
+    return lambda w: (f"{name} was removed" if not (w.w / name).exists() else
+                      None if (w.w / name).read_bytes() == _USERS else f"{name} was replaced")
 
 
 def _nothing_at(name: str):
@@ -415,4 +416,10 @@ CASES = [
          lambda w: _users_file_unchanged("out/sources_index.json")(w) or (
              None if sorted(p.name for p in (w.w / "out").iterdir()) == ["sources_index.json"]
              else "preprocess wrote into the folder")),
+    Case("gpu-check-out-over-a-users-work-folder", "lost", "gpu_check.py --device cpu --out OUT where OUT holds "
+         "the user's own work/ folder (its own name: removed at the start of the run, with logs/)", 2,
+         ("--out", "'work'", "has this tool's name"),
+         lambda w: ["scripts/gpu_check.py", "--device", "cpu", "--quick", "--out",
+                    str(_users_file(w, "out/work/thesis.tex").parent.parent)],
+         _users_file_unchanged("out/work/thesis.tex")),
 ]

@@ -286,8 +286,19 @@ class OutputPath:
         return [(name, earlier.what) for name, earlier in self.known.items()
                 if (folder / name).exists() and not earlier(folder / name)]
 
+    def takes(self, folder: Path) -> bool:
+        """Whether `folder` is one this domain writes into as its own: it holds only its names, each known one
+        what it should be (the rule of a new run's check, for a folder another output holds)."""
+        return folder.is_dir() and not self.foreign(folder) and not self.unknown(folder)
+
     def __repr__(self) -> str:
         return f"OutputPath({self.kind}, {self.own})"
+
+
+def output_of(what: str, domain: Callable[[], OutputPath]) -> Earlier:
+    """A folder that is the output of another tool (or another run), known by that output's own rule: `domain()`
+    gives its OutputPath (late, so that a module need not import a heavy one, or itself, to declare it)."""
+    return Earlier(what, lambda path: domain().takes(path))
 
 
 class OneLineParser(argparse.ArgumentParser):

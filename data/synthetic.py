@@ -31,6 +31,7 @@ SYNTHETIC_OWN = ("train", "val", KAGGLE_FILE, CAFFE_FILE, "manifest.json")  # wh
 # manifest.json of something else is not one: its train/ and val/ are not removed for a rerun.
 MANIFEST = json_holding("a synthetic tree's manifest.json (data/synthetic.py)",
                         ("classes", "num_classes", "counts", "seed", "version"))
+OUTPUT = OutputPath("folder", own=SYNTHETIC_OWN, known={"manifest.json": MANIFEST})
 
 
 class Job(NamedTuple):
@@ -322,7 +323,7 @@ def main(argv: list[str] | None = None) -> int:
     p = OneLineParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter,
                                 epilog="example: python scripts/make_synthetic.py --out demo_src --formats")
     p.add_argument("--out", required=True,
-                   type=OutputPath("folder", own=SYNTHETIC_OWN, known={"manifest.json": MANIFEST}),
+                   type=OUTPUT,
                    help="output directory (new, empty, or an earlier synthetic tree)")
     p.add_argument("--classes", type=at_least(1), default=10, help="number of classes (default 10)")
     p.add_argument("--train-per-class", type=at_least(1), default=60, help="training images per class (default 60)")

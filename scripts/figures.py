@@ -34,11 +34,11 @@ quiet_start(__name__, "figures.py")  # a Ctrl-C while torch imports: one line, n
 from alexnet.cli import guarded, positive, protect_streams  # noqa: E402
 from alexnet.distributed import pick_device  # noqa: E402
 from alexnet.evaluation import prepare  # noqa: E402
-from alexnet.figures.make import FIGURES, FIGURES_FOLDER, FigureOptions, make_figures  # noqa: E402
+from alexnet.figures.make import CACHE_FOLDER, FIGURES, FIGURES_FOLDER, FigureOptions, make_figures  # noqa: E402
 from alexnet.models import ARCHS  # noqa: E402
 from alexnet.weights.hub import MEAN_FILE, MEAN_HELP, NAME_HELP, WEIGHTS, resolve  # noqa: E402
 from alexnet.weights.theano_layout import THEANO_CONVS  # noqa: E402
-from data.domains import DEVICE, NON_NEGATIVE, InputPath, OneLineParser, OutputPath, text  # noqa: E402
+from data.domains import DEVICE, NON_NEGATIVE, InputPath, OneLineParser, text  # noqa: E402
 
 # --help's last line
 EXAMPLE = "python scripts/figures.py --weights demo/run/checkpoints/best.pt --data demo/data --out demo/run/figures"
@@ -74,7 +74,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--crops", type=int, choices=(1, 10), default=1, help="predictions: 1 (center) or 10 crops")
     p.add_argument("--batch-size", type=positive, default=100, help="images per forward pass (default 100)")
     p.add_argument("--device", type=DEVICE, default="auto", help="auto (cuda if present) | cpu | cuda | cuda:N")
-    p.add_argument("--cache", type=OutputPath("folder", own=("*.npz",)),
+    p.add_argument("--cache", type=CACHE_FOLDER,
                    help="folder of the cached fc7 features (default <out>/cache)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     return p.parse_args(argv)

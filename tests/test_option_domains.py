@@ -168,6 +168,31 @@ def _bad_outputs(domain: OutputPath, tmp: Path) -> dict[str, str]:
     return bad
 
 
+# Names an output folder's tool writes (own=) that it does not judge by what they hold (known=), with the reason.
+UNJUDGED = {
+    ("scripts/make_synthetic.py", "train"): "the tree is judged whole by its manifest.json (data/synthetic.py "
+                                            "MANIFEST); generate() refuses another's before removing anything",
+    ("scripts/make_synthetic.py", "val"): "as train",
+    ("scripts/make_synthetic.py", "LOC_val_solution.csv"): "as train (it has the real file's header)",
+    ("scripts/make_synthetic.py", "val.txt"): "as train",
+    ("scripts/preprocess.py", "plan.json"): "read by preprocess itself before any work, naming what is wrong "
+                                            "with it (data/preprocess.py _read_plan, _check_plan)",
+}
+
+
+def test_every_name_an_output_folder_takes_is_known_by_what_it_holds(every_path_argument):
+    """A name a tool writes in its output folder, found there holding someone else's file or folder, was taken
+    as the tool's by its name alone: replaced, removed (gpu_check's work/), or written beside (preprocess's
+    sources_index.json). Each literal own name (a pattern such as *.npz is judged by its pattern) has a
+    judge (known=), or a reason above."""
+    names = {(script, name) for script, _, action, _ in every_path_argument
+             if isinstance(action.type, OutputPath) and action.type.kind != "file"
+             for name in action.type.own if not any(c in name for c in "*?[")
+             and name not in action.type.known}
+    assert names == set(UNJUDGED), f"without a judge: {sorted(names - set(UNJUDGED))}; " \
+                                   f"listed but judged (or gone): {sorted(set(UNJUDGED) - names)}"
+
+
 def refused_wrongly(cases, capsys) -> list[str]:
     """Each (script, words, action, parser, text, needed) given to its parser: what was not refused with exit
     2 and one line naming the argument and holding `needed`. Positionals through their type (their parser

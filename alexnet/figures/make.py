@@ -8,7 +8,7 @@ from pathlib import Path
 import torch
 
 from data.batchfile import atomic_write_json
-from data.domains import OutputPath, holding, json_holding
+from data.domains import OutputPath, holding, json_holding, output_of
 from data.meta import check_files
 from data.reader import SplitData
 
@@ -23,13 +23,16 @@ CURVES = ("curves", "throughput")
 # What each figure's JSON holds at least (the records below): how a later run knows it as its own.
 RECORD_KEYS = {"filters": ("title", "groups", "kernels", "boxes"), "predictions": ("title", "crops", "images"),
                "neighbours": ("title", "layer", "queries")}
+# The features cache (its cache/, or scripts/figures.py --cache): .npz files named by what they hold.
+CACHE_FOLDER = OutputPath("folder", own=("*.npz",))
 FIGURES_FOLDER = OutputPath(
     "folder", own=(*(f"{name}.{ext}" for name in FIGURES for ext in ("png", "json")),
                    *(f"{name}.png" for name in CURVES), "cache"),
     known={**{f"{name}.png": holding("a figure that alexnet drew (a PNG marked so)", MARK.encode())
               for name in (*FIGURES, *CURVES)},
            **{f"{name}.json": json_holding(f"the record of an earlier {name} figure", RECORD_KEYS[name])
-              for name in FIGURES}})
+              for name in FIGURES},
+           "cache": output_of("the features cache of an earlier run (.npz files)", lambda: CACHE_FOLDER)})
 
 
 @dataclass

@@ -34,7 +34,17 @@ import tempfile
 import time
 from pathlib import Path
 
-from data.domains import COUNT, NON_NEGATIVE, NON_NEGATIVE_FLOAT, POSITIVE, InputPath, OutputPath, text
+from data.domains import (
+    COUNT,
+    NON_NEGATIVE,
+    NON_NEGATIVE_FLOAT,
+    POSITIVE,
+    Earlier,
+    InputPath,
+    OutputPath,
+    output_of,
+    text,
+)
 from data.procs import in_threads
 
 from .common import REPO, cpu_name, subcommand
@@ -42,8 +52,34 @@ from .common import REPO, cpu_name, subcommand
 ARCHS = ("alexnet", "alexnet_bn")
 OPTIMIZERS = ("sgd", "lars", "lamb")
 # What --keep holds: the generated images (src, beside data: make_data), their preprocessed data, the runs.
-# A second run with the same --keep takes the folder as its own (it held "src" without naming it: refused).
+# A second run with the same --keep takes the folder as its own (it held "src" without naming it: refused);
+# each of the three is known by its own tool's rule, so that the user's own data/ there is refused, not used.
 KEPT = ("src", "data", "runs")
+
+
+def _synthetic() -> OutputPath:
+    from data.synthetic import OUTPUT
+    return OUTPUT
+
+
+def _preprocessed() -> OutputPath:
+    from data.preprocess import OUTPUT
+    return OUTPUT
+
+
+def _runs(path: Path) -> bool:
+    """runs/: folders of train.py runs only (alexnet.rundir's rule: a new or empty folder, or a run's)."""
+    from alexnet.config import ConfigError
+    from alexnet.rundir import check_run_dir
+    try:
+        return all(e.is_dir() and check_run_dir(e) is None for e in path.iterdir() if not e.name.startswith("."))
+    except ConfigError:
+        return False
+
+
+KEPT_KNOWN = {"src": output_of("the generated images of an earlier large-batch run", _synthetic),
+              "data": output_of("the preprocessed data of an earlier large-batch run", _preprocessed),
+              "runs": Earlier("the training runs of an earlier large-batch run", _runs)}
 # Global lrs at 16 x B: AlexNet's best of the sweep (seed 0; LARS's is also the paper's at 8K); AlexNet-BN's
 # best were 20 and 0.05 on seed 0, barely ahead (see the sweep), so both archs share these. SGD's is its lr
 # at B (x 16 at 16 x B, by linear scaling).
@@ -89,7 +125,7 @@ def add_parser(sub):
     p.add_argument("--jobs", type=COUNT, default=len(os.sched_getaffinity(0)), help="train.py runs at a time")
     p.add_argument("--data", type=InputPath("folder"),
                    help="a preprocessed folder to use (default: generated in a temporary folder)")
-    p.add_argument("--keep", type=OutputPath("folder", own=KEPT),
+    p.add_argument("--keep", type=OutputPath("folder", own=KEPT, known=KEPT_KNOWN),
                    help="keep the data and the run directories here (default: a temporary folder)")
     p.add_argument("--quick", action="store_true", help="seconds-long smoke settings: 3 classes, width 0.125, "
                    "2 epochs, B 2 and 4 x B, AlexNet-BN, one seed, one sweep point")

@@ -7,7 +7,16 @@ import sys
 import time
 from pathlib import Path
 
-from data.domains import POSITIVE, Earlier, OneLineParser, OutputPath, json_holding, starting_with, text
+from data.domains import (
+    POSITIVE,
+    Earlier,
+    OneLineParser,
+    OutputPath,
+    json_holding,
+    output_of,
+    starting_with,
+    text,
+)
 
 from .budget import Budget
 from .report import environment
@@ -37,11 +46,6 @@ def _own_logs(path: Path) -> bool:
                for e in path.iterdir())
 
 
-def _own_report_folder(path: Path) -> bool:
-    """bench/, speed/, ...: the --out of another gpu_check run (the docs put them there), by the same rule."""
-    return path.is_dir() and not OUT.foreign(path) and not OUT.unknown(path)
-
-
 # What it writes there, known by what it holds: its two reports (report.write_reports), and the folders a run
 # replaces whole (work/, logs/: an earlier run's, never the user's folder of that name) or are other runs' --out
 GPU_CHECK_KNOWN = {
@@ -49,7 +53,8 @@ GPU_CHECK_KNOWN = {
     "gpu_check.md": starting_with("an earlier gpu_check.py report", b"# GPU check: "),
     "work": Earlier("the work folder of an earlier gpu_check.py run (work/context.json)", _own_work),
     "logs": Earlier("the logs of an earlier gpu_check.py run (STEP.log, STEP/LABEL.log)", _own_logs),
-    **{name: Earlier("the --out of another gpu_check.py run", _own_report_folder)
+    # bench/, speed/, ...: the --out of other gpu_check runs (the docs put them there), by the same rule
+    **{name: output_of("the --out of another gpu_check.py run", lambda: OUT)
        for name in ("bench", "speed", "two-gpus", "two-gpus-bench")}}
 OUT = OutputPath("folder", own=GPU_CHECK_OWN, known=GPU_CHECK_KNOWN)
 INJECT_MODES = ("fail", "hang", "slow")

@@ -28,12 +28,12 @@ import sys
 import tarfile
 import threading
 import zlib
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
 from .batchfile import atomic_write_bytes
 from .layouts import DataError, printable
+from .procs import in_threads
 
 INDEX_NAME = "sources_index.json"
 INDEX_VERSION = 2  # 2: header checksums, fingerprints, members not read; an older index is made again
@@ -285,20 +285,12 @@ def collect(path: str, wanted: dict[str, tuple[int, int]], stop: threading.Event
     return found
 
 
-def in_threads(fn, items: list, threads: int) -> list:
+def with_stop(fn, items: list, threads: int) -> list:
     """[fn(item, stop) for item in items] on up to `threads` threads (zlib releases the GIL, so shards
-    decompress side by side); if anything fails or Ctrl-C comes, `stop` is set so the others give up
-    at their next member instead of finishing a pass over a whole shard."""
+    decompress side by side; data.procs.in_threads); if anything fails or Ctrl-C comes, `stop` is set so the
+    running ones give up at their next member instead of finishing a pass over a whole shard."""
     stop = threading.Event()
-    pool = ThreadPoolExecutor(max(1, min(threads, len(items))))
-    try:
-        futures = [pool.submit(fn, item, stop) for item in items]
-        return [f.result() for f in futures]
-    except BaseException:
-        stop.set()
-        raise
-    finally:
-        pool.shutdown(wait=True)
+    return in_threads(lambda item: fn(item, stop), items, min(threads, len(items)), stop=stop)
 
 
 # -- the index file --------------------------------------------------------------------------------
@@ -385,7 +377,7 @@ class SourceIndex:
                 raise ArchiveError(f"archive {path} changed while it was being indexed")
             return path, entry
 
-        self.entries.update(in_threads(one, todo, workers))
+        self.entries.update(with_stop(one, todo, workers))
         self.path.parent.mkdir(parents=True, exist_ok=True)
         # compact: ImageNet's train tar alone has 1.28 M rows (~80 MB this way, 2.5x that indented)
         text = json.dumps({"version": INDEX_VERSION, "archives": self.entries}, separators=(",", ":"))

@@ -31,7 +31,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .archives import INDEX_NAME, INDEX_START, ShardMember, TarMember, collect, in_threads, read_member
+from .archives import INDEX_NAME, INDEX_START, ShardMember, TarMember, collect, read_member, with_stop
 from .batchfile import (
     BATCH_FILE_SUFFIX,
     FORMAT_VERSION,
@@ -285,8 +285,8 @@ def fill(window: list[Task], threads: int) -> list[Task]:
     for t in window:
         for it in t.items:
             wanted.setdefault(it.loc.archive, {})[it.loc.name] = (it.loc.offset, it.loc.size)
-    got = dict(zip(wanted, in_threads(lambda shard, stop: collect(shard, wanted[shard], stop), list(wanted),
-                                      threads)))
+    got = dict(zip(wanted, with_stop(lambda shard, stop: collect(shard, wanted[shard], stop), list(wanted),
+                                     threads)))
     return [dataclasses.replace(t, payload=tuple(got[it.loc.archive][it.loc.name] for it in t.items))
             for t in window]
 

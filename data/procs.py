@@ -65,12 +65,20 @@ def stops_between_calls() -> Iterator[Callable[[], None]]:
     a signal ignored or left to the system, nothing changes."""
     got: list[int] = []
     saved: dict[int, Callable] = {}
+    restore: dict[int, Callable] = {}
     if threading.current_thread() is threading.main_thread():
         for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
             old = signal.getsignal(sig)
-            if callable(old):
-                saved[sig] = old
-                signal.signal(sig, lambda signum, frame: got.append(signum))
+            # inside another such block (preprocess's shard pass inside its pool's), the handler to run is the
+            # real one, not the outer block's note: that would wait for the outer's next call, after the pass
+            real = getattr(old, "real_handler", old)
+            if callable(real):
+                saved[sig], restore[sig] = real, old
+
+                def note(signum, frame):
+                    got.append(signum)
+                note.real_handler = real  # type: ignore[attr-defined]
+                signal.signal(sig, note)
 
     def check() -> None:
         while got:
@@ -79,30 +87,35 @@ def stops_between_calls() -> Iterator[Callable[[], None]]:
     try:
         yield check
     finally:
-        for sig, old in saved.items():
+        for sig, old in restore.items():
             signal.signal(sig, old)
     check()  # a signal that came as the pool shut down
 
 
 def in_threads(fn: Callable[[T], R], items: Sequence[T], jobs: int,
-               done: Callable[[int, R], None] | None = None) -> list[R]:
+               done: Callable[[int, R], None] | None = None, stop: threading.Event | None = None) -> list[R]:
     """fn over `items` in their order, `jobs` at a time in threads; the results in that order. `done(i,
     result)` runs in this thread as each one finishes. An item is handed to the pool only when a thread is
     free for it, so that a stop signal (Ctrl-C, SIGTERM, SIGHUP: raised between the pool's calls, by
     stops_between_calls) or an item that raises leaves nothing queued: only the running items finish (a
-    thread cannot be stopped). A pool given every item at once ran all of them after a Ctrl-C, in its
-    shutdown."""
+    thread cannot be stopped; `stop`, set then, asks them to give up early). A pool given every item at once
+    ran all of them after a Ctrl-C, in its shutdown."""
     results: list = [None] * len(items)
     todo = iter(enumerate(items))
     with stops_between_calls() as check, cf.ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
         running = {pool.submit(fn, item): i for i, item in itertools.islice(todo, max(1, jobs))}
-        while running:
-            finished, _ = cf.wait(running, timeout=0.5, return_when=cf.FIRST_COMPLETED)
-            check()
-            for f in sorted(finished, key=running.__getitem__):
-                i = running.pop(f)
-                results[i] = f.result()
-                if done is not None:
-                    done(i, results[i])
-                running.update({pool.submit(fn, item): k for k, item in itertools.islice(todo, 1)})
+        try:
+            while running:
+                finished, _ = cf.wait(running, timeout=0.5, return_when=cf.FIRST_COMPLETED)
+                check()
+                for f in sorted(finished, key=running.__getitem__):
+                    i = running.pop(f)
+                    results[i] = f.result()
+                    if done is not None:
+                        done(i, results[i])
+                    running.update({pool.submit(fn, item): k for k, item in itertools.islice(todo, 1)})
+        except BaseException:
+            if stop is not None:
+                stop.set()  # before the pool's shutdown waits for the running items
+            raise
     return results

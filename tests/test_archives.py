@@ -562,11 +562,11 @@ def test_fingerprints_by_hand(hand_tar, tmp_path):
                                                    f"'{gone}')")
 
 
-def test_in_threads_runs_side_by_side_and_stops_the_others():
-    assert archives.in_threads(lambda x, stop: x * 2, [3, 1, 2], 2) == [6, 2, 4]
-    assert archives.in_threads(lambda x, stop: x, [5], 0) == [5]  # at least one thread
+def test_with_stop_runs_side_by_side_and_stops_the_others():
+    assert archives.with_stop(lambda x, stop: x * 2, [3, 1, 2], 2) == [6, 2, 4]
+    assert archives.with_stop(lambda x, stop: x, [5], 0) == [5]  # at least one thread
     barrier = threading.Barrier(2, timeout=10)
-    assert archives.in_threads(lambda x, stop: (barrier.wait(), x)[1], [1, 2], 2) == [1, 2]
+    assert archives.with_stop(lambda x, stop: (barrier.wait(), x)[1], [1, 2], 2) == [1, 2]
     waited = []
 
     def fn(x, stop):
@@ -575,7 +575,7 @@ def test_in_threads_runs_side_by_side_and_stops_the_others():
         waited.append(stop.wait(10))
         return x
     with pytest.raises(ValueError, match="boom"):
-        archives.in_threads(fn, [0, 1], 2)
+        archives.with_stop(fn, [0, 1], 2)
     assert waited == [True]
 
 

@@ -15,8 +15,6 @@ from tests.conftest import REPO
 
 # Modules that make a pool and need not, with the reason.
 EXEMPT = {
-    "data/archives.py": "in_threads waits on one future at a time (f.result()); on Ctrl-C it sets `stop`, and each "
-                        "queued item gives up at its first member",
     "data/reader.py": "makes the batch reader's pool; its waits are data/fastread.py's, under stops_between_calls",
     "scripts/bench/read.py": "a benchmark's memory bound: pool.map waits on one future at a time",
 }
@@ -158,3 +156,51 @@ def test_a_failing_item_in_in_threads_is_raised_and_starts_no_other():
     with pytest.raises(ValueError, match="item 1"):
         in_threads(work, list(range(8)), 1)
     assert started == [0, 1]
+
+
+def test_a_block_inside_another_runs_the_real_handler_between_its_own_calls():
+    """preprocess's shard pass (a thread pool) runs inside its process pool's block: a Ctrl-C there must stop
+    the pass between the inner pool's calls, not be noted for the outer block's next call, after the pass."""
+    import signal
+
+    import pytest
+
+    from data.procs import stops_between_calls
+    _main_thread_only()
+
+    class Raised(Exception):
+        pass
+
+    def handler(signum, frame):
+        raise Raised(signum)
+    old = signal.signal(signal.SIGTERM, handler)
+    try:
+        with stops_between_calls() as outer:
+            with stops_between_calls() as inner:
+                signal.raise_signal(signal.SIGTERM)
+                with pytest.raises(Raised):
+                    inner()
+            outer()  # nothing left for the outer block: the signal was handled once
+        assert signal.getsignal(signal.SIGTERM) is handler
+    finally:
+        signal.signal(signal.SIGTERM, old)
+
+
+def test_a_ctrl_c_in_in_threads_sets_stop_before_the_running_items_are_waited_for():
+    """The running items see `stop` (a shard pass gives up at its next member) rather than finishing."""
+    import os
+    import signal
+
+    import pytest
+
+    from data.procs import in_threads
+    _main_thread_only()
+    stop, saw = __import__("threading").Event(), []
+
+    def work(x: int) -> int:
+        os.kill(os.getpid(), signal.SIGINT)
+        saw.append(stop.wait(30))  # a long pass, unless asked to give up
+        return x
+    with pytest.raises(KeyboardInterrupt):
+        in_threads(work, [0], 1, stop=stop)
+    assert saw == [True]

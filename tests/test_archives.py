@@ -652,3 +652,26 @@ def test_one_class_or_a_class_named_like_a_split_is_taken_for_a_layout_mistake(t
     preprocess(tmp_path / "train", tmp_path / "out", opts=Options(size=8, per_file=4), workers=1, quiet=True,
                allow_one_class=True)
     assert json.loads((tmp_path / "out" / "meta.json").read_text())["classes"] == sorted(layout)
+
+
+def test_a_ctrl_c_during_a_shard_pass_inside_preprocess_pools_block_stops_the_pass():
+    """preprocess runs its shard passes inside its process pool's stops_between_calls block: a Ctrl-C there
+    stops the pass (each shard gives up at its next member), not only after every shard was read whole."""
+    from data.procs import stops_between_calls
+    if threading.current_thread() is not threading.main_thread():
+        pytest.skip("signal handlers are set in the main thread only")
+    read = []
+
+    def one_pass(shard: str, stop: threading.Event) -> str:
+        for member in range(500):  # 5 s a shard, unless asked to give up
+            if stop.is_set():
+                return shard
+            if shard == "a" and member == 3:
+                os.kill(os.getpid(), signal.SIGINT)
+            read.append(member)
+            time.sleep(0.01)
+        return shard
+    with stops_between_calls():  # preprocess's pool's block
+        with pytest.raises(KeyboardInterrupt):
+            archives.with_stop(one_pass, ["a", "b"], 2)
+    assert len(read) < 2 * 500  # neither pass ran to its end (before: both did, then the Ctrl-C came)

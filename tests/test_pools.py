@@ -9,8 +9,14 @@ grid, tools/faults.py and tools/mutants.py) below."""
 from __future__ import annotations
 
 import ast
+import os
+import signal
+import threading
 from pathlib import Path
 
+import pytest
+
+from data.procs import in_threads, stops_between_calls
 from tests.conftest import REPO
 
 # Modules that make a pool and need not, with the reason.
@@ -59,50 +65,45 @@ def test_the_walk_finds_the_pools_and_sees_one_without_it(tmp_path):
     assert all("in_threads(" in text and "PoolExecutor" not in text for text in threads.values())
 
 
-def test_a_signal_inside_the_block_is_handled_after_it_by_its_own_handler():
-    """Any Python handler, not only Ctrl-C's: cli.stopping_on_signals' Stopped is raised by check(), after the
-    call it landed in; the handlers are handed back."""
-    import signal
-    import threading
+class Raised(Exception):
+    pass
 
-    import pytest
 
-    from data.procs import stops_between_calls
+@pytest.fixture
+def raising_sigterm():
+    """SIGTERM's handler raises Raised (as cli.stopping_on_signals' does Stopped), in the main thread only."""
     if threading.current_thread() is not threading.main_thread():
         pytest.skip("signal handlers are set in the main thread only")
-
-    class Raised(Exception):
-        pass
 
     def handler(signum, frame):
         raise Raised(signum)
     old = signal.signal(signal.SIGTERM, handler)
     try:
-        with pytest.raises(Raised):
-            with stops_between_calls() as check:
-                signal.raise_signal(signal.SIGTERM)  # noted, not raised here
-                after = True
-                check()
-        assert after and signal.getsignal(signal.SIGTERM) is handler
-        with pytest.raises(Raised):  # noted in the block's last moment: handled on leaving
-            with stops_between_calls():
-                signal.raise_signal(signal.SIGTERM)
+        yield handler
     finally:
         signal.signal(signal.SIGTERM, old)
 
 
-def _main_thread_only() -> None:
-    import threading
+def test_a_signal_inside_the_block_is_handled_after_it_by_its_own_handler(raising_sigterm):
+    """Any Python handler, not only Ctrl-C's: cli.stopping_on_signals' Stopped is raised by check(), after the
+    call it landed in; the handlers are handed back."""
+    with pytest.raises(Raised):
+        with stops_between_calls() as check:
+            signal.raise_signal(signal.SIGTERM)  # noted, not raised here
+            after = True
+            check()
+    assert after and signal.getsignal(signal.SIGTERM) is raising_sigterm
+    with pytest.raises(Raised):  # noted in the block's last moment: handled on leaving
+        with stops_between_calls():
+            signal.raise_signal(signal.SIGTERM)
 
-    import pytest
+
+def _main_thread_only() -> None:
     if threading.current_thread() is not threading.main_thread():
         pytest.skip("signal handlers are set in the main thread only")
 
 
 def test_in_threads_gives_the_results_in_order_and_each_once_as_it_finishes():
-    import threading
-
-    from data.procs import in_threads
     seen, last_done = [], threading.Event()
 
     def square(x: int) -> int:
@@ -121,12 +122,6 @@ def test_in_threads_gives_the_results_in_order_and_each_once_as_it_finishes():
 def test_a_ctrl_c_in_in_threads_starts_no_queued_item_and_hands_the_handler_back():
     """Ctrl-C while the first item runs: KeyboardInterrupt after the pool's call, the running item finishes,
     no other item starts (before, leaving the pool ran every queued one), Python's own handler is back."""
-    import os
-    import signal
-
-    import pytest
-
-    from data.procs import in_threads
     _main_thread_only()
     started, ended = [], []
 
@@ -143,9 +138,6 @@ def test_a_ctrl_c_in_in_threads_starts_no_queued_item_and_hands_the_handler_back
 
 
 def test_a_failing_item_in_in_threads_is_raised_and_starts_no_other():
-    import pytest
-
-    from data.procs import in_threads
     started = []
 
     def work(x: int) -> int:
@@ -158,44 +150,22 @@ def test_a_failing_item_in_in_threads_is_raised_and_starts_no_other():
     assert started == [0, 1]
 
 
-def test_a_block_inside_another_runs_the_real_handler_between_its_own_calls():
+def test_a_block_inside_another_runs_the_real_handler_between_its_own_calls(raising_sigterm):
     """preprocess's shard pass (a thread pool) runs inside its process pool's block: a Ctrl-C there must stop
     the pass between the inner pool's calls, not be noted for the outer block's next call, after the pass."""
-    import signal
-
-    import pytest
-
-    from data.procs import stops_between_calls
-    _main_thread_only()
-
-    class Raised(Exception):
-        pass
-
-    def handler(signum, frame):
-        raise Raised(signum)
-    old = signal.signal(signal.SIGTERM, handler)
-    try:
-        with stops_between_calls() as outer:
-            with stops_between_calls() as inner:
-                signal.raise_signal(signal.SIGTERM)
-                with pytest.raises(Raised):
-                    inner()
-            outer()  # nothing left for the outer block: the signal was handled once
-        assert signal.getsignal(signal.SIGTERM) is handler
-    finally:
-        signal.signal(signal.SIGTERM, old)
+    with stops_between_calls() as outer:
+        with stops_between_calls() as inner:
+            signal.raise_signal(signal.SIGTERM)
+            with pytest.raises(Raised):
+                inner()
+        outer()  # nothing left for the outer block: the signal was handled once
+    assert signal.getsignal(signal.SIGTERM) is raising_sigterm
 
 
 def test_a_ctrl_c_in_in_threads_sets_stop_before_the_running_items_are_waited_for():
     """The running items see `stop` (a shard pass gives up at its next member) rather than finishing."""
-    import os
-    import signal
-
-    import pytest
-
-    from data.procs import in_threads
     _main_thread_only()
-    stop, saw = __import__("threading").Event(), []
+    stop, saw = threading.Event(), []
 
     def work(x: int) -> int:
         os.kill(os.getpid(), signal.SIGINT)

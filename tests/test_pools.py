@@ -9,6 +9,7 @@ grid, tools/faults.py and tools/mutants.py) below."""
 from __future__ import annotations
 
 import ast
+import contextlib
 import os
 import signal
 import threading
@@ -69,9 +70,10 @@ class Raised(Exception):
     pass
 
 
-@pytest.fixture
+@contextlib.contextmanager
 def raising_sigterm():
-    """SIGTERM's handler raises Raised (as cli.stopping_on_signals' does Stopped), in the main thread only."""
+    """SIGTERM's handler raises Raised (as cli.stopping_on_signals' does Stopped), in the main thread only; not
+    a fixture: conftest hands back the handlers a fixture's setup installed."""
     if threading.current_thread() is not threading.main_thread():
         pytest.skip("signal handlers are set in the main thread only")
 
@@ -84,18 +86,19 @@ def raising_sigterm():
         signal.signal(signal.SIGTERM, old)
 
 
-def test_a_signal_inside_the_block_is_handled_after_it_by_its_own_handler(raising_sigterm):
+def test_a_signal_inside_the_block_is_handled_after_it_by_its_own_handler():
     """Any Python handler, not only Ctrl-C's: cli.stopping_on_signals' Stopped is raised by check(), after the
     call it landed in; the handlers are handed back."""
-    with pytest.raises(Raised):
-        with stops_between_calls() as check:
-            signal.raise_signal(signal.SIGTERM)  # noted, not raised here
-            after = True
-            check()
-    assert after and signal.getsignal(signal.SIGTERM) is raising_sigterm
-    with pytest.raises(Raised):  # noted in the block's last moment: handled on leaving
-        with stops_between_calls():
-            signal.raise_signal(signal.SIGTERM)
+    with raising_sigterm() as handler:
+        with pytest.raises(Raised):
+            with stops_between_calls() as check:
+                signal.raise_signal(signal.SIGTERM)  # noted, not raised here
+                after = True
+                check()
+        assert after and signal.getsignal(signal.SIGTERM) is handler
+        with pytest.raises(Raised):  # noted in the block's last moment: handled on leaving
+            with stops_between_calls():
+                signal.raise_signal(signal.SIGTERM)
 
 
 def _main_thread_only() -> None:
@@ -150,16 +153,17 @@ def test_a_failing_item_in_in_threads_is_raised_and_starts_no_other():
     assert started == [0, 1]
 
 
-def test_a_block_inside_another_runs_the_real_handler_between_its_own_calls(raising_sigterm):
+def test_a_block_inside_another_runs_the_real_handler_between_its_own_calls():
     """preprocess's shard pass (a thread pool) runs inside its process pool's block: a Ctrl-C there must stop
     the pass between the inner pool's calls, not be noted for the outer block's next call, after the pass."""
-    with stops_between_calls() as outer:
-        with stops_between_calls() as inner:
-            signal.raise_signal(signal.SIGTERM)
-            with pytest.raises(Raised):
-                inner()
-        outer()  # nothing left for the outer block: the signal was handled once
-    assert signal.getsignal(signal.SIGTERM) is raising_sigterm
+    with raising_sigterm() as handler:
+        with stops_between_calls() as outer:
+            with stops_between_calls() as inner:
+                signal.raise_signal(signal.SIGTERM)
+                with pytest.raises(Raised):
+                    inner()
+            outer()  # nothing left for the outer block: the signal was handled once
+        assert signal.getsignal(signal.SIGTERM) is handler
 
 
 def test_a_ctrl_c_in_in_threads_sets_stop_before_the_running_items_are_waited_for():

@@ -595,3 +595,27 @@ def test_no_tool_writes_inside_a_preprocessed_output(every_path_argument, tools_
                         wrong.append(f"{script}: {e}")
     assert not wrong, "\n".join(wrong)
     assert dataset_above(data) is None and dataset_above(data / "x") == data  # the output itself is not inside
+
+
+def test_a_folder_is_known_by_another_outputs_rule(tmp_path, monkeypatch):
+    """OutputPath.takes and domains.output_of (gpu_check's report folders, large-batch's --keep, a figures
+    folder's cache/): a folder holding only the other output's names, each what it should be, or nothing."""
+    from data.domains import json_holding, output_of
+    inner = OutputPath("folder", own=("a.json", "logs"), known={"a.json": json_holding("an a", ("k",))})
+    judge = output_of("the inner tool's output", lambda: inner)
+    good = tmp_path / "good"
+    (good / "logs").mkdir(parents=True)
+    (good / "a.json").write_text('{"k": 1}')
+    (tmp_path / "empty").mkdir()
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "mine.txt").write_text("the user's")  # in the working directory: only the folder asked counts
+    assert inner.takes(good) and inner.takes(tmp_path / "empty") and judge(good) is True
+    assert judge.what == "the inner tool's output"
+    foreign, wrong, a_file = tmp_path / "foreign", tmp_path / "wrong", tmp_path / "a_file"
+    foreign.mkdir()
+    (foreign / "mine.txt").write_text("the user's")
+    wrong.mkdir()
+    (wrong / "a.json").write_text('{"z": 1}')
+    a_file.write_text("x")
+    for path in (foreign, wrong, a_file, tmp_path / "missing"):
+        assert not inner.takes(path) and not judge(path), path

@@ -337,13 +337,16 @@ class SourceIndex:
 
     def __init__(self, out: str | os.PathLike, quiet: bool = False):
         self.path, self.quiet = Path(out) / INDEX_NAME, quiet
-        self.entries: dict[str, dict] = {}
+        self.entries: dict[str, dict] = self._saved()
+
+    def _saved(self) -> dict[str, dict]:
+        """The entries an earlier run kept; none if there is no index yet, or one this version cannot use (an
+        older version, or damaged): every archive is then indexed again and the file replaced."""
         try:
             saved = json.loads(self.path.read_text())
-            if saved.get("version") == INDEX_VERSION:
-                self.entries = saved["archives"]
+            return saved["archives"] if saved.get("version") == INDEX_VERSION else {}
         except (OSError, ValueError, KeyError, AttributeError):
-            pass  # none yet, or unreadable: indexed again
+            return {}
 
     def members(self, archives: list[str], workers: int = 1) -> dict[str, dict]:
         """archive -> {kind, stamp, members, others[, edges]}; archives not indexed, or changed since (by

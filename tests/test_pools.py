@@ -67,7 +67,7 @@ def test_the_walk_finds_the_pools_and_sees_one_without_it(tmp_path):
 
 
 class Raised(Exception):
-    pass
+    """What the test's SIGTERM handler raises (as cli.stopping_on_signals' raises Stopped)."""
 
 
 @contextlib.contextmanager

@@ -366,3 +366,21 @@ def test_an_archive_changed_while_indexed_is_refused(tmp_path, monkeypatch):
     with pytest.raises(ArchiveError) as e:
         archives.SourceIndex(tmp_path / "out", quiet=True).members([str(tar)])
     assert str(e.value) == f"archive {tar} changed while it was being indexed"
+
+
+@pytest.mark.parametrize("kept", [b'{"version":1,"archives":{"ARCHIVE":{"kind":"tar","stamp":STAMP,"members":[],'
+                                  b'"others":[]}}}', b'{"version":2,"archi', b'{"version":2}'],
+                         ids=["older", "cut-short", "no-archives"])
+def test_an_index_this_version_cannot_use_is_made_again(tmp_path, capfd, kept):
+    """An older index, or one cut short or missing its archives (still this tool's file: it begins as one), is
+    not read for members: every archive is indexed again and the file replaced by this version's."""
+    tar = _tar_file(tmp_path / "a.tar", "w", {"n01/x.JPEG": b"abc"})
+    out = tmp_path / "out"
+    out.mkdir()
+    # the older entry otherwise whole (its stamp current): only its version says it must not be used
+    stamp = json.dumps(archives.stamp(str(tar))).encode()
+    (out / archives.INDEX_NAME).write_bytes(kept.replace(b"ARCHIVE", str(tar).encode()).replace(b"STAMP", stamp))
+    got = archives.SourceIndex(out).members([str(tar)])
+    assert "indexing 1 archive(s) once" in capfd.readouterr().err
+    assert [m[0] for m in got[str(tar)]["members"]] == ["n01/x.JPEG"]
+    assert json.loads((out / archives.INDEX_NAME).read_text())["version"] == 2

@@ -122,8 +122,10 @@ MUTATE_PARALLEL = alexnet.replica.* alexnet.exchange.* alexnet.large_batch.* ale
 	alexnet.distributed.x_slow_barrier* alexnet.distributed.x_alone* \
 	alexnet.launch.x?Heartbeat?* alexnet.launch.x_report_gave_up* alexnet.launch.x__how* \
 	alexnet.launch.x?Launcher?_[!_]*
-# Added by issues 33 and 34: the declared option domains, published weights by name.
-MUTATE_INPUTS = data.domains.* alexnet.weights.hub.* alexnet.weights.start.* alexnet.weights.mean_image.* data.fsutil.x_commit* data.fsutil.x__write_point* data.fsutil.x_temp_path*
+# Added by issues 33 and 34: the declared option domains, published weights by name, where files take their
+# names, a pool's waits and stop.
+MUTATE_INPUTS = data.domains.* alexnet.weights.hub.* alexnet.weights.start.* alexnet.weights.mean_image.* data.fsutil.x_commit* data.fsutil.x__write_point* data.fsutil.x_temp_path* \
+	data.procs.x_stops_between_calls* data.procs.x_in_threads*
 MUTMUT = $(PYTHON) -c 'from mutmut.__main__ import cli; cli()'
 # The parallel code's set alone (issue 32; docs/MUTANTS.md has its results and time).
 mutants-parallel:

@@ -322,8 +322,7 @@ def main(argv: list[str] | None = None) -> int:
     """CLI: write a synthetic tree and print where everything is."""
     p = OneLineParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter,
                                 epilog="example: python scripts/make_synthetic.py --out demo_src --formats")
-    p.add_argument("--out", required=True,
-                   type=OUTPUT,
+    p.add_argument("--out", required=True, type=OUTPUT,
                    help="output directory (new, empty, or an earlier synthetic tree)")
     p.add_argument("--classes", type=at_least(1), default=10, help="number of classes (default 10)")
     p.add_argument("--train-per-class", type=at_least(1), default=60, help="training images per class (default 60)")

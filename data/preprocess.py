@@ -46,7 +46,7 @@ from .decode import RESIZE_MODES, load_image
 from .domains import Earlier, OutputPath, json_holding, starting_with
 from .fsutil import exclusive_dir, remove_stale_temps
 from .layouts import DataError, Item, RawName, printable
-from .procs import die_with_parent, stops_between_calls
+from .procs import die_with_parent, run_all, stops_between_calls
 from .sources import Sources, as_paths, gather
 
 SPLITS = ("train", "val")
@@ -331,22 +331,9 @@ class _Progress:
 
 
 def _run_part(pool: cf.ProcessPoolExecutor, part: list[Task], progress: _Progress, check) -> None:
-    pending = set()
-    try:
-        for t in part:
-            pending.add(pool.submit(process_task, t))
-            check()
-        progress.start()
-        while pending:
-            done, pending = cf.wait(pending, timeout=0.5, return_when=cf.FIRST_COMPLETED)
-            check()
-            for fut in done:
-                fut.result()  # re-raises a worker's error (disk full, bad archive) or BrokenProcessPool
-            progress.update(len(part) - len(pending))
-    except BaseException:
-        for fut in pending:
-            fut.cancel()
-        raise
+    progress.start()
+    run_all(pool, [(process_task, (t,)) for t in part], check,
+            lambda finished, left: progress.update(len(part) - left))
     progress.files_done += len(part)
 
 

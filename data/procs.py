@@ -8,7 +8,7 @@ import os
 import signal
 import sys
 import threading
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import TypeVar
 
@@ -90,6 +90,33 @@ def stops_between_calls() -> Iterator[Callable[[], None]]:
         for sig, old in restore.items():
             signal.signal(sig, old)
     check()  # a signal that came as the pool shut down
+
+
+def run_all(pool: cf.Executor, calls: Iterable[tuple[Callable, tuple]], check: Callable[[], None],
+            waited: Callable[[set[cf.Future], int], None] | None = None) -> list[cf.Future]:
+    """Every call (fn, args) submitted to `pool` (a process pool: all of them, so that no worker waits for
+    work), then waited for; `check()` (stops_between_calls') runs after each submit and each wait, so that a
+    stop is raised between the pool's own calls. After each wait, every finished call's result is taken (a
+    worker's error is raised there) and `waited(finished, left)` runs (a progress bar). On any exception the
+    calls not started are cancelled. The futures, in the calls' order."""
+    futures: list[cf.Future] = []
+    try:
+        for fn, args in calls:
+            futures.append(pool.submit(fn, *args))
+            check()
+        pending = set(futures)
+        while pending:
+            finished, pending = cf.wait(pending, timeout=0.5, return_when=cf.FIRST_COMPLETED)
+            check()
+            for f in finished:
+                f.result()  # re-raises a worker's error (disk full, a bad archive) or BrokenProcessPool
+            if waited is not None:
+                waited(finished, len(pending))
+    except BaseException:
+        for f in futures:
+            f.cancel()
+        raise
+    return futures
 
 
 def in_threads(fn: Callable[[T], R], items: Sequence[T], jobs: int,

@@ -40,7 +40,7 @@ from .fsutil import special_entries_words
 from .layouts import DataError
 from .meta import read_mean
 from .preprocess import SPLITS, exclusive
-from .procs import die_with_parent, stops_between_calls
+from .procs import die_with_parent, run_all, stops_between_calls
 
 
 def batch_files(root: Path) -> list[Path]:
@@ -157,22 +157,9 @@ def _convert_all(files: list[Path], workers: int, quiet: bool,
     ctx = mp.get_context("fork" if sys.platform.startswith("linux") else "spawn")
     with stops_between_calls() as check, cf.ProcessPoolExecutor(workers, mp_context=ctx,
                                                                 initializer=_init_worker) as pool:
-        futures = []
         try:
-            for path in files:
-                futures.append(pool.submit(_convert_task, str(path), counts.get(str(path))))
-                check()
-            pending = set(futures)
-            while pending:
-                done, pending = cf.wait(pending, timeout=0.5, return_when=cf.FIRST_COMPLETED)
-                check()
-                for fut in done:
-                    fut.result()  # re-raises a worker's error (disk full, ...) or BrokenProcessPool
-                    bar.update()
-        except BaseException:
-            for fut in futures:
-                fut.cancel()
-            raise
+            futures = run_all(pool, [(_convert_task, (str(path), counts.get(str(path)))) for path in files], check,
+                              lambda finished, left: bar.update(len(finished)))
         finally:
             bar.close()
         return [fut.result() for fut in futures]

@@ -178,3 +178,47 @@ def test_a_ctrl_c_in_in_threads_sets_stop_before_the_running_items_are_waited_fo
     with pytest.raises(KeyboardInterrupt):
         in_threads(work, [0], 1, stop=stop)
     assert saw == [True]
+
+
+def test_run_all_raises_a_stop_between_the_pools_calls_and_cancels_what_did_not_start():
+    """preprocess's and upgrade_data's process pools (data.procs.run_all): a Ctrl-C during the submits stops
+    them at the next one; a Ctrl-C while a call runs is raised after the wait, and the calls still queued
+    never start (the running one is let go)."""
+    import concurrent.futures as cf
+
+    from data.procs import run_all
+    _main_thread_only()
+    submitted, started, gate, all_in = [], [], threading.Event(), threading.Event()
+
+    class Pool(cf.ThreadPoolExecutor):
+        def submit(self, fn, *args):
+            submitted.append(args)
+            if len(submitted) == 1 and fn is noop:
+                os.kill(os.getpid(), signal.SIGINT)  # lands during the first submit
+            if fn is work and args == (5,):
+                all_in.set()
+            return super().submit(fn, *args)
+
+    def noop(i: int) -> int:
+        return i
+
+    def work(i: int) -> int:
+        started.append(i)
+        if i == 0:  # once every call is in: the Ctrl-C lands while run_all waits
+            assert all_in.wait(30)
+            os.kill(os.getpid(), signal.SIGINT)
+        else:
+            gate.wait(5)  # the call the pool took next: it runs on, the others are cancelled
+        return i
+    try:
+        with Pool(1) as pool, stops_between_calls() as check:
+            with pytest.raises(KeyboardInterrupt):
+                run_all(pool, [(noop, (i,)) for i in range(6)], check)
+        assert len(submitted) == 1
+        with Pool(1) as pool, stops_between_calls() as check:
+            with pytest.raises(KeyboardInterrupt):
+                run_all(pool, [(work, (i,)) for i in range(6)], check)
+            gate.set()
+        assert started in ([0], [0, 1]) and len(submitted) == 1 + 6
+    finally:
+        gate.set()

@@ -125,7 +125,7 @@ MUTATE_PARALLEL = alexnet.replica.* alexnet.exchange.* alexnet.large_batch.* ale
 # Added by issues 33 and 34: the declared option domains, published weights by name, where files take their
 # names, a pool's waits and stop.
 MUTATE_INPUTS = data.domains.* alexnet.weights.hub.* alexnet.weights.start.* alexnet.weights.mean_image.* data.fsutil.x_commit* data.fsutil.x__write_point* data.fsutil.x_temp_path* \
-	data.procs.x_stops_between_calls* data.procs.x_in_threads*
+	data.procs.x_stops_between_calls* data.procs.x_in_threads* data.procs.x_run_all*
 MUTMUT = $(PYTHON) -c 'from mutmut.__main__ import cli; cli()'
 # The parallel code's set alone (issue 32; docs/MUTANTS.md has its results and time).
 mutants-parallel:

@@ -222,3 +222,21 @@ def test_run_all_raises_a_stop_between_the_pools_calls_and_cancels_what_did_not_
         assert started in ([0], [0, 1]) and len(submitted) == 1 + 6
     finally:
         gate.set()
+
+
+def test_run_all_reports_each_wait_and_returns_the_futures_in_order():
+    """`waited(finished, left)` after each wait (preprocess's and upgrade_data's progress bars): every call
+    counted once, `left` what is still pending then; the futures in the calls' order."""
+    import concurrent.futures as cf
+
+    from data.procs import run_all
+    seen = []
+    with cf.ThreadPoolExecutor(2) as pool:
+        futures = run_all(pool, [(pow, (i, 2)) for i in range(5)], lambda: None,
+                          lambda finished, left: seen.append((len(finished), left)))
+    assert [f.result() for f in futures] == [0, 1, 4, 9, 16]
+    done = 0
+    for finished, left in seen:
+        done += finished
+        assert left == 5 - done
+    assert done == 5

@@ -13,6 +13,7 @@ import json
 import math
 import os
 import re
+import stat
 from collections.abc import Callable
 from pathlib import Path
 from typing import NoReturn
@@ -171,7 +172,10 @@ class Earlier:
 
     def __call__(self, path: Path) -> bool:
         try:
-            return path.stat().st_size <= self.LIMIT and bool(self.test(path))
+            st = path.stat()
+            if not (stat.S_ISREG(st.st_mode) or stat.S_ISDIR(st.st_mode)):
+                return False  # a pipe would block the test that reads it, for ever; no tool writes a device
+            return st.st_size <= self.LIMIT and bool(self.test(path))
         except (OSError, ValueError, UnicodeDecodeError, RecursionError):
             return False
 

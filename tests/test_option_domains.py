@@ -159,6 +159,11 @@ def _bad_outputs(domain: OutputPath, tmp: Path) -> dict[str, str]:
                 folder.mkdir(exist_ok=True)
                 (folder / name).write_bytes(content)
                 bad[str(folder)] = f"holds {name!r}, which has this tool's name but is not "
+            as_pipe = tmp / f"own-names-{name}-a-pipe"  # judged by content, it must not be opened: it blocks
+            as_pipe.mkdir(exist_ok=True)
+            if not (as_pipe / name).exists():
+                os.mkfifo(as_pipe / name)
+            bad[str(as_pipe)] = f"holds {name!r}, which has this tool's name but is not "
             as_folder = tmp / f"own-names-{name}-a-folder"  # a folder of someone else's under the name
             (as_folder / name).mkdir(parents=True, exist_ok=True)
             (as_folder / name / "mine.txt").write_text("the user's")

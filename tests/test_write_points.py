@@ -162,11 +162,23 @@ def _renames(path: Path, root: Path = REPO) -> list[str]:
         if isinstance(node, ast.FunctionDef) and node.name == "commit" and path.name == "fsutil.py":
             for inner in ast.walk(node):
                 inner.allowed = True  # type: ignore[attr-defined]
+    # the names a module binds to os, shutil and their renaming functions (import os as _os, from os import
+    # replace): a rename under another name is still a rename
+    modules, functions = {"os": "os", "shutil": "shutil"}, {}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            modules.update({a.asname or a.name: a.name for a in node.names if a.name in ("os", "shutil")})
+        elif isinstance(node, ast.ImportFrom) and node.module in ("os", "shutil"):
+            functions.update({a.asname or a.name: f"{node.module}.{a.name}" for a in node.names})
     for node in ast.walk(tree):
         if not isinstance(node, ast.Call) or getattr(node, "allowed", False):
             continue
         f = node.func
         name = ast.unparse(f)
+        if isinstance(f, ast.Attribute) and isinstance(f.value, ast.Name) and f.value.id in modules:
+            name = f"{modules[f.value.id]}.{f.attr}"
+        elif isinstance(f, ast.Name):
+            name = functions.get(f.id, name)
         if (name in ("os.replace", "os.rename", "os.renames", "shutil.move")
                 or (isinstance(f, ast.Attribute) and f.attr == "rename")
                 or (isinstance(f, ast.Attribute) and f.attr == "replace" and len(node.args) + len(node.keywords) == 1)):
@@ -184,9 +196,12 @@ def test_the_rename_check_finds_a_planted_rename(tmp_path):
     planted = tmp_path / "fsutil.py"
     planted.write_text("import os, shutil\nfrom pathlib import Path\n\ndef f(a, b):\n    os.replace(a, b)\n"
                        "    Path(a).replace(b)\n    'x'.replace('a', 'b')\n    shutil.move(a, b)\n"
-                       "    Path(a).rename(b)\n\ndef commit(a, b):\n    os.replace(a, b)\n")
+                       "    Path(a).rename(b)\n\ndef commit(a, b):\n    os.replace(a, b)\n\n"
+                       "import os as _os\nfrom os import replace as swap, renames\nfrom shutil import move\n\n"
+                       "def g(a, b):\n    _os.replace(a, b)\n    swap(a, b)\n    renames(a, b)\n    move(a, b)\n")
     assert [h.split(": ", 1)[1] for h in _renames(planted, tmp_path)] == [
-        "os.replace(a, b)", "Path(a).replace(b)", "shutil.move(a, b)", "Path(a).rename(b)"]
+        "os.replace(a, b)", "Path(a).replace(b)", "shutil.move(a, b)", "Path(a).rename(b)",
+        "_os.replace(a, b)", "swap(a, b)", "renames(a, b)", "move(a, b)"]
 
 
 # by tool and output path: an output may hold its own path (report's cache file is named by a key made of the

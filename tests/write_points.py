@@ -180,31 +180,36 @@ def run_inside(argv: list[str], work: Path, moment: int, timeout: float = 600) -
             s.proc.wait()
 
 
+def _none_left(token: str, what: str) -> None:
+    """No process of the run `token` lives GONE_S after `what` ended (those found are killed, and named)."""
+    end = time.monotonic() + GONE_S
+    while (left := _with_token(token)) and time.monotonic() < end:
+        time.sleep(0.05)
+    if left:
+        listing = "; ".join(f"{p}: {_cmdline(p)}" for p in left)
+        for p in left:
+            with contextlib.suppress(ProcessLookupError):  # it may have ended since
+                os.kill(p, signal.SIGKILL)
+        raise AssertionError(f"{len(left)} process(es) outlived {what} by {GONE_S:.0f} s: {listing}")
+
+
 def run_tool(argv: list[str], work: Path, pause_at: int | None = None, timeout: float = 600) -> Run:
     """Run `argv` (a repository script and its arguments) with the write trace on; with `pause_at`, kill
-    its top process with SIGKILL once the tree reaches that moment, and require that no process of it
-    outlives it."""
+    its top process with SIGKILL once the tree reaches that moment. Either way, no process of it may
+    outlive its top process."""
     s = _start(argv, work, pause_at)
     proc, trace, token = s.proc, s.trace, s.token
     deadline = time.monotonic() + timeout
     try:
         if pause_at is None:
             proc.wait(timeout=timeout)
+            _none_left(token, f"the tool's top process (exit {proc.returncode})")
             return s.result()
         _wait_for_moment(s, pause_at, deadline)
         os.kill(proc.pid, signal.SIGKILL)
         proc.wait()
         Path(f"{trace}.go").touch()  # the hold was the test's: a child held there goes on as it would
-        end = time.monotonic() + GONE_S
-        while (left := _with_token(token)) and time.monotonic() < end:
-            time.sleep(0.05)
-        if left:
-            listing = "; ".join(f"{p}: {_cmdline(p)}" for p in left)
-            for p in left:
-                with contextlib.suppress(ProcessLookupError):  # it may have ended since
-                    os.kill(p, signal.SIGKILL)
-            raise AssertionError(f"{len(left)} process(es) outlived the tool's top process by {GONE_S:.0f} s: "
-                                 f"{listing}")
+        _none_left(token, "the tool's top process, killed")
         return s.result()
     finally:
         if proc.poll() is None:

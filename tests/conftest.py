@@ -98,17 +98,34 @@ def load_script(name: str, folder: str = "scripts"):
     return module
 
 
-def _hypothesis_under_mutmut() -> None:
-    """Under mutmut a failing example is a killed mutant: no shrinking it (shrinking reruns the test many
-    times to find the smallest failure, which only a person reading it needs)."""
-    if os.environ.get("MUTANT_UNDER_TEST", "") in ("", "stats", "fail"):
-        return
+def a_mutants_session() -> bool:
+    """Whether this pytest session runs one mutant's tests (mutmut sets MUTANT_UNDER_TEST to the mutant's
+    name in the process it forks for it; "stats" and "fail" are its own runs on the unmutated code)."""
+    return os.environ.get("MUTANT_UNDER_TEST", "") not in ("", "stats", "fail")
+
+
+def under_mutmut() -> bool:
+    """Whether these tests run inside mutmut. Its fork server imports the test modules once, before any
+    mutant is set, and forks a process per mutant from it: what a module decides at import (a Hypothesis
+    property's example count) must be decided by this, not by a_mutants_session()."""
+    return "mutmut" in sys.modules or a_mutants_session()
+
+
+def _under_a_mutant() -> None:
+    """Per mutant's session (pytest_configure; its fork server imported this file before any mutant was set):
+
+    - a failing Hypothesis example is a killed mutant: no shrinking it (shrinking reruns the test many times
+      to find the smallest failure, which only a person reading it needs);
+    - the heap the session was forked with (torch, the collected tests) is frozen: pytest ends each session
+      with five full garbage collections (its unraisable-exception check), which walked all of it, 1.0 of the
+      1.3 s a one-test mutant cost here; frozen, a session costs 0.3 s. A forked session that ends in
+      os._exit has nothing of that heap to free."""
+    import gc
+
     from hypothesis import Phase, settings
+    gc.freeze()
     settings.register_profile("mutmut", phases=[Phase.explicit, Phase.reuse, Phase.generate])
     settings.load_profile("mutmut")
-
-
-_hypothesis_under_mutmut()
 
 
 @pytest.hookimpl(trylast=True)
@@ -116,7 +133,7 @@ def pytest_sessionfinish(session, exitstatus):
     """Under mutmut every session (one per mutant) ends with os._exit, so pytest's lock on its temporary
     folder stays and pytest keeps the folder for three days: a few thousand mutants filled 77 GB of /tmp
     and the disk. A mutant's result is mutmut's verdict, not files: its folder goes."""
-    if not os.environ.get("MUTANT_UNDER_TEST"):
+    if not under_mutmut():
         return
     base = getattr(getattr(session.config, "_tmp_path_factory", None), "_basetemp", None)
     if base is not None:
@@ -125,10 +142,10 @@ def pytest_sessionfinish(session, exitstatus):
 
 def examples(n: int) -> int:
     """How many examples a Hypothesis property draws: n in the suite (what CI runs); a fifth (at least 3)
-    when mutmut runs the test once per mutant (it sets MUTANT_UNDER_TEST), where the named cases beside each
+    when mutmut runs the test once per mutant (under_mutmut()), where the named cases beside each
     property carry most of the load and the time goes into the number of mutants, and in `make test-fast`
     (ALEXNET_FAST_TIER), the edit loop's tier, which must stay within its 60 s."""
-    fewer = os.environ.get("MUTANT_UNDER_TEST") or in_fast_tier()
+    fewer = under_mutmut() or in_fast_tier()
     return max(3, n // 5) if fewer else n
 
 
@@ -202,6 +219,8 @@ def pytest_configure(config):
         signal.signal(signal.SIGINT, signal.default_int_handler)
     if signal.getsignal(signal.SIGHUP) == signal.SIG_IGN:
         signal.signal(signal.SIGHUP, _outlive_the_terminal)
+    if a_mutants_session():
+        _under_a_mutant()
 
 
 def _outlive_the_terminal(signum, frame) -> None:
@@ -301,7 +320,7 @@ def _fastest_first_for_a_mutant(items) -> None:
     """Under mutmut (a mutant's run, `-x`: the first failure ends it), the tests of the mutated function run
     fastest first, by the durations mutmut recorded, so that a mutant a quick test kills costs that test."""
     import json
-    if os.environ.get("MUTANT_UNDER_TEST", "") in ("", "stats", "fail"):
+    if not a_mutants_session():
         return
     try:
         durations = json.loads(Path("mutmut-stats.json").read_text())["duration_by_test"]

@@ -99,6 +99,43 @@ def test_a_mutants_session_leaves_no_temporary_folder(tmp_path):
     assert left == {"": ["pytest-0"], "data.reader.x_f__mutmut_1": []}
 
 
+FORK_SERVER = """
+import os, sys
+os.environ["MUTANT_UNDER_TEST"] = ""  # as in mutmut's fork server: no mutant yet
+import mutmut, pytest
+args = ["-q", "-p", "no:xdist", "-p", "no:cacheprovider", "-p", "tests.conftest", "test_probe.py"]
+assert pytest.main(["--collect-only", *args]) == 0  # the server's warm-up imports the tests once
+os.environ["MUTANT_UNDER_TEST"] = "data.reader.x_f__mutmut_1"
+pid = os.fork()
+if pid == 0:
+    os._exit(pytest.main(args))
+sys.exit(os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]))
+"""
+PROBE_UNDER_A_MUTANT = """
+import gc
+from hypothesis import Phase, settings
+from tests.conftest import examples
+AT_IMPORT = examples(25)  # decided in the fork server, before any mutant was set
+
+def test_probe():
+    assert AT_IMPORT == 5, AT_IMPORT
+    assert gc.get_freeze_count() > 0
+    assert Phase.shrink not in settings().phases, settings().phases
+"""
+
+
+@pytest.mark.processes
+def test_a_mutant_forked_from_mutmuts_warm_server_gets_the_mutants_settings(tmp_path):
+    """mutmut imports the tests once in a fork server, with no mutant set, and forks each mutant's session
+    from it: a Hypothesis property draws a fifth of its examples, does not shrink, and the session's inherited
+    heap is frozen (conftest._under_a_mutant), though nothing is imported again in the mutant's process."""
+    from tests.conftest import REPO
+    (tmp_path / "test_probe.py").write_text(PROBE_UNDER_A_MUTANT)
+    run = children.run([sys.executable, "-c", FORK_SERVER], cpu_s=120, cwd=tmp_path,
+                       env={**os.environ, "PYTHONPATH": str(REPO)})
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+
+
 PROBE = '''
 import os, pytest
 LOG = os.environ["ALEXNET_PROBE_LOG"]

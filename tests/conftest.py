@@ -119,11 +119,19 @@ def _under_a_mutant() -> None:
     - the heap the session was forked with (torch, the collected tests) is frozen: pytest ends each session
       with five full garbage collections (its unraisable-exception check), which walked all of it, 1.0 of the
       1.3 s a one-test mutant cost here; frozen, a session costs 0.3 s. A forked session that ends in
-      os._exit has nothing of that heap to free."""
+      os._exit has nothing of that heap to free;
+    - the server's own signal handlers are put back to the system's: a fork keeps Python's handlers, and the
+      server's SIGTERM handler SIGKILLs the mutants it was running when it forked and exits 0. A test's forked
+      child stopped with SIGTERM (a pool's worker) would have killed other mutants' sessions and passed. The
+      server ignores SIGINT; pytest_configure gives it Ctrl-C's handler after this."""
     import gc
 
     from hypothesis import Phase, settings
     gc.freeze()
+    for sig in signal.valid_signals():
+        with contextlib.suppress(OSError, ValueError):  # those no process may handle
+            if callable(signal.getsignal(sig)) and signal.getsignal(sig) is not signal.default_int_handler:
+                signal.signal(sig, signal.SIG_DFL)
     settings.register_profile("mutmut", phases=[Phase.explicit, Phase.reuse, Phase.generate])
     settings.load_profile("mutmut")
 
@@ -215,12 +223,12 @@ def pytest_configure(config):
     exec: SIGHUP gets one that does nothing, so the suite itself still outlives its terminal."""
     if getattr(config, "workerinput", {}).get("alexnet_loadgroup"):
         config.option.loadgroup = True  # what xdist itself reads to send a group to one worker
+    if a_mutants_session():
+        _under_a_mutant()
     if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
         signal.signal(signal.SIGINT, signal.default_int_handler)
     if signal.getsignal(signal.SIGHUP) == signal.SIG_IGN:
         signal.signal(signal.SIGHUP, _outlive_the_terminal)
-    if a_mutants_session():
-        _under_a_mutant()
 
 
 def _outlive_the_terminal(signum, frame) -> None:

@@ -102,17 +102,27 @@ def test_a_mutants_session_leaves_no_temporary_folder(tmp_path):
 FORK_SERVER = """
 import os, sys
 os.environ["MUTANT_UNDER_TEST"] = ""  # as in mutmut's fork server: no mutant yet
-import mutmut, pytest
+import mutmut, pytest, signal
+def server(signum, frame):  # mutmut's server handles SIGTERM and SIGCHLD (and ignores SIGINT): here, all
+    pass
+faults = {signal.SIGKILL, signal.SIGSTOP, signal.SIGSEGV, signal.SIGBUS, signal.SIGFPE, signal.SIGILL}
+for sig in signal.valid_signals() - faults:
+    try:
+        signal.signal(sig, signal.SIG_IGN if sig == signal.SIGINT else server)
+    except (OSError, ValueError):
+        pass
 args = ["-q", "-p", "no:xdist", "-p", "no:cacheprovider", "-p", "tests.conftest", "test_probe.py"]
 assert pytest.main(["--collect-only", *args]) == 0  # the server's warm-up imports the tests once
 os.environ["MUTANT_UNDER_TEST"] = "data.reader.x_f__mutmut_1"
 pid = os.fork()
 if pid == 0:
     os._exit(pytest.main(args))
-sys.exit(os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]))
+code = os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
+print("the mutant's session ended:", code)
+sys.exit(code)
 """
 PROBE_UNDER_A_MUTANT = """
-import gc
+import gc, signal
 from hypothesis import Phase, settings
 from tests.conftest import examples
 AT_IMPORT = examples(25)  # decided in the fork server, before any mutant was set
@@ -121,6 +131,9 @@ def test_probe():
     assert AT_IMPORT == 5, AT_IMPORT
     assert gc.get_freeze_count() > 0
     assert Phase.shrink not in settings().phases, settings().phases
+    kept = [s for s in signal.valid_signals() if getattr(signal.getsignal(s), "__name__", "") == "server"]
+    assert not kept, kept
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
 """
 
 
@@ -133,7 +146,8 @@ def test_a_mutant_forked_from_mutmuts_warm_server_gets_the_mutants_settings(tmp_
     (tmp_path / "test_probe.py").write_text(PROBE_UNDER_A_MUTANT)
     run = children.run([sys.executable, "-c", FORK_SERVER], cpu_s=120, cwd=tmp_path,
                        env={**os.environ, "PYTHONPATH": str(REPO)})
-    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    ended = run.returncode == 0 and "the mutant's session ended: 0" in run.stdout
+    assert ended, run.stdout[-3000:] + run.stderr[-3000:]
 
 
 PROBE = '''

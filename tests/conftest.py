@@ -108,7 +108,7 @@ def under_mutmut() -> bool:
     """Whether these tests run inside mutmut. Its fork server imports the test modules once, before any
     mutant is set, and forks a process per mutant from it: what a module decides at import (a Hypothesis
     property's example count) must be decided by this, not by a_mutants_session()."""
-    return "mutmut" in sys.modules or a_mutants_session()
+    return "mutmut.__main__" in sys.modules or a_mutants_session()  # its command line, not a tool reading its files
 
 
 def _under_a_mutant() -> None:

@@ -102,7 +102,7 @@ def test_a_mutants_session_leaves_no_temporary_folder(tmp_path):
 FORK_SERVER = """
 import os, sys
 os.environ["MUTANT_UNDER_TEST"] = ""  # as in mutmut's fork server: no mutant yet
-import mutmut, pytest, signal
+import mutmut.__main__, pytest, signal
 def server(signum, frame):  # mutmut's server handles SIGTERM and SIGCHLD (and ignores SIGINT): here, all
     pass
 faults = {signal.SIGKILL, signal.SIGSTOP, signal.SIGSEGV, signal.SIGBUS, signal.SIGFPE, signal.SIGILL}
@@ -137,6 +137,12 @@ def test_probe():
 """
 
 
+def test_the_suite_draws_every_example():
+    """What CI runs is not mutmut's run: a Hypothesis property draws all its examples there."""
+    from tests.conftest import examples, in_fast_tier
+    assert examples(25) == (5 if in_fast_tier() else 25)
+
+
 @pytest.mark.processes
 def test_a_mutant_forked_from_mutmuts_warm_server_gets_the_mutants_settings(tmp_path):
     """mutmut imports the tests once in a fork server, with no mutant set, and forks each mutant's session
@@ -144,6 +150,8 @@ def test_a_mutant_forked_from_mutmuts_warm_server_gets_the_mutants_settings(tmp_
     heap is frozen (conftest._under_a_mutant), though nothing is imported again in the mutant's process."""
     from tests.conftest import REPO
     (tmp_path / "test_probe.py").write_text(PROBE_UNDER_A_MUTANT)
+    (tmp_path / "src").mkdir()  # mutmut's command line reads its configuration as it is imported
+    (tmp_path / "pyproject.toml").write_text('[tool.mutmut]\nsource_paths = ["src"]\n')
     run = children.run([sys.executable, "-c", FORK_SERVER], cpu_s=120, cwd=tmp_path,
                        env={**os.environ, "PYTHONPATH": str(REPO)})
     ended = run.returncode == 0 and "the mutant's session ended: 0" in run.stdout

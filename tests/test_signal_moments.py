@@ -15,6 +15,7 @@ import signal
 import subprocess
 import sys
 import time
+import uuid
 
 import pytest
 import torch
@@ -22,6 +23,7 @@ import torch
 from alexnet.checkpoint import load
 from tests import children
 from tests.conftest import REPO, tiny_overrides
+from tests.write_points import TOKEN, none_left
 
 pytestmark = pytest.mark.processes
 
@@ -42,9 +44,21 @@ def said(err: str) -> list[str]:
 
 
 def start(train_data, run, layout: dict) -> subprocess.Popen:
+    """train.py with a token in its environment, which every process of its tree inherits (`ended`)."""
     over = tiny_overrides(train_data, run, **DETERMINISTIC, **layout)
-    return subprocess.Popen([sys.executable, "train.py", "configs/demo.yaml", *over], cwd=REPO,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen([sys.executable, "train.py", "configs/demo.yaml", *over], cwd=REPO,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                            env={**os.environ, TOKEN: (token := uuid.uuid4().hex)})
+    proc.token = token
+    return proc
+
+
+def ended(proc: subprocess.Popen, what: str) -> str:
+    """`proc`'s stderr once it has ended, and no process of its tree left GONE_S later (after a stop signal
+    or a normal end alike)."""
+    _, err = children.communicate(proc, cpu_s=240)
+    none_left(proc.token, f"{what} (exit {proc.returncode})")
+    return err
 
 
 def weights(run) -> dict:
@@ -61,7 +75,7 @@ def test_a_stop_signal_at_a_drawn_moment_ends_in_one_line_and_resumes_exactly(tr
 
     began = time.monotonic()
     ref = start(train_data, tmp_path / "ref", layout)
-    _, err = children.communicate(ref, cpu_s=240)
+    err = ended(ref, "the uninterrupted run")
     length = time.monotonic() - began
     assert ref.returncode == 0, err[-2000:]
     moment = rng.uniform(EARLIEST_S, length)
@@ -71,14 +85,14 @@ def test_a_stop_signal_at_a_drawn_moment_ends_in_one_line_and_resumes_exactly(tr
     proc = start(train_data, run, layout)
     time.sleep(moment)
     proc.send_signal(sig)
-    _, err = children.communicate(proc, cpu_s=240)
+    err = ended(proc, f"the run stopped by {sig.name}")
     lines = said(err)
     case = f"seed {seed}: {name}, {sig.name} at {moment:.2f} s of {length:.1f} s"
     assert proc.returncode in (0, 128 + sig), (case, proc.returncode, lines[-10:])
     assert len(lines) <= 1 and "Traceback" not in err and "frame #" not in err, (case, lines[-10:])
     if proc.returncode:
         again = start(train_data, run, layout)
-        _, err = children.communicate(again, cpu_s=240)
+        err = ended(again, "the resumed run")
         assert again.returncode == 0, (case, err[-2000:])
     got, want = weights(run), weights(tmp_path / "ref")
     assert got.keys() == want.keys() and all(torch.equal(got[k], want[k]) for k in want), case

@@ -180,7 +180,7 @@ def run_inside(argv: list[str], work: Path, moment: int, timeout: float = 600) -
             s.proc.wait()
 
 
-def _none_left(token: str, what: str) -> None:
+def none_left(token: str, what: str) -> None:
     """No process of the run `token` lives GONE_S after `what` ended (those found are killed, and named)."""
     end = time.monotonic() + GONE_S
     while (left := _with_token(token)) and time.monotonic() < end:
@@ -203,13 +203,13 @@ def run_tool(argv: list[str], work: Path, pause_at: int | None = None, timeout: 
     try:
         if pause_at is None:
             proc.wait(timeout=timeout)
-            _none_left(token, f"the tool's top process (exit {proc.returncode})")
+            none_left(token, f"the tool's top process (exit {proc.returncode})")
             return s.result()
         _wait_for_moment(s, pause_at, deadline)
         os.kill(proc.pid, signal.SIGKILL)
         proc.wait()
         Path(f"{trace}.go").touch()  # the hold was the test's: a child held there goes on as it would
-        _none_left(token, "the tool's top process, killed")
+        none_left(token, "the tool's top process, killed")
         return s.result()
     finally:
         if proc.poll() is None:

@@ -102,15 +102,14 @@ def test_a_mutants_session_leaves_no_temporary_folder(tmp_path):
 FORK_SERVER = """
 import os, sys
 os.environ["MUTANT_UNDER_TEST"] = ""  # as in mutmut's fork server: no mutant yet
-import mutmut.__main__, pytest, signal
+import contextlib, mutmut.__main__, pytest, signal
+got = []
 def server(signum, frame):  # mutmut's server handles SIGTERM and SIGCHLD (and ignores SIGINT): here, all
-    pass
+    got.append(signum)
 faults = {signal.SIGKILL, signal.SIGSTOP, signal.SIGSEGV, signal.SIGBUS, signal.SIGFPE, signal.SIGILL}
 for sig in signal.valid_signals() - faults:
-    try:
+    with contextlib.suppress(OSError, ValueError):  # those no process may handle
         signal.signal(sig, signal.SIG_IGN if sig == signal.SIGINT else server)
-    except (OSError, ValueError):
-        pass
 args = ["-q", "-p", "no:xdist", "-p", "no:cacheprovider", "-p", "tests.conftest", "test_probe.py"]
 assert pytest.main(["--collect-only", *args]) == 0  # the server's warm-up imports the tests once
 os.environ["MUTANT_UNDER_TEST"] = "data.reader.x_f__mutmut_1"

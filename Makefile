@@ -46,22 +46,23 @@ setup:
 	fi
 	$(PYTHON) -m pip install -q -r requirements.txt $(PIN)
 
-# The suite's runner and oracles (requirements-test.txt) are installed too, and an oracle test that skips
-# fails the run: CI must compare with OpenCV and TensorBoard, not pass over them.
+# The suite's runner, its oracles and the developer tools it runs (requirements-dev.txt, which includes
+# requirements-test.txt) are installed too, and an oracle test that skips fails the run: CI must compare with
+# OpenCV and TensorBoard and run mutmut's fork server, not pass over them.
 # The project's modules compiled once, as pip compiles a package it installs: where Python may not write
 # bytecode (PYTHONDONTWRITEBYTECODE=1, as in some CI images), each of the several hundred processes the tests
 # start compiled them from source again, about a tenth of their CPU.
 COMPILE = $(PYTHON) -m compileall -q alexnet data layers scripts tools tests train.py
 
 test: setup
-	$(PYTHON) -m pip install -q -r requirements-test.txt $(PIN)
+	$(PYTHON) -m pip install -q -r requirements-dev.txt $(PIN)
 	$(COMPILE)
 	ALEXNET_ORACLES_REQUIRED=1 $(PYTHON) -m pytest -q
 
 # The edit loop's tier (<= 60 s on 2 cores): every test that starts no process and is not slow (pytest.ini's
 # markers); a test of this tier that starts a process fails, naming the mark it needs (tests/conftest.py).
 test-fast: setup
-	$(PYTHON) -m pip install -q -r requirements-test.txt $(PIN)
+	$(PYTHON) -m pip install -q -r requirements-dev.txt $(PIN)
 	$(COMPILE)
 	ALEXNET_FAST_TIER=1 $(PYTHON) -m pytest -q -m "not processes and not slow"
 

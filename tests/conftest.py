@@ -307,8 +307,8 @@ def pytest_runtest_call(item):
 
 
 # Skips that mean "an oracle is missing" (an import, or OpenCV without its Caffe importer): `make test`
-# installs requirements-test.txt and sets ALEXNET_ORACLES_REQUIRED, and there such a skip fails the test, so
-# that CI never passes over the comparisons with OpenCV and TensorBoard.
+# installs requirements-dev.txt (with requirements-test.txt) and sets ALEXNET_ORACLES_REQUIRED, and there such
+# a skip fails the test, so that CI never passes over the comparisons with OpenCV and TensorBoard, nor mutmut.
 ORACLE_SKIPS = ("could not import", "has no Caffe importer")
 
 
@@ -321,7 +321,7 @@ def pytest_runtest_makereport(item, call):
         if any(s in reason for s in ORACLE_SKIPS):
             report.outcome = "failed"
             report.longrepr = (f"an oracle test skipped where the oracles are required ({reason}); "
-                               "install requirements-test.txt (make test does)")
+                               "install requirements-dev.txt (make test does)")
 
 
 def _fastest_first_for_a_mutant(items) -> None:

@@ -88,3 +88,62 @@ def test_make_setup_leaves_an_active_environment_byte_for_byte_as_it_was(tmp_pat
     r = children.run(["make", "setup"], cwd=REPO, env=env, cpu_s=300)
     assert r.returncode == 0, r.stderr[-2000:]
     assert _digest(active) == before
+
+
+# What each part of the tree may import beyond the standard library and the project's own modules: the
+# distributions that the make target which runs it installs. The tests' lines are those of `make test`
+# (what CI runs), read from `make -n`, so a test that imports a tool no file it installs names fails here,
+# not only on a clean machine.
+_TREES = {"alexnet": "demo", "data": "demo", "layers": "demo", "scripts": "demo", "train.py": "demo",
+          "tools": "test", "tests": "test"}
+# Imported only where the machine has it, each importing test skipping without it.
+_THE_MACHINES_OWN = {"torchvision": "the GPU machine's python has it; tests/test_models.py skips without it"}
+# `import a, b.c` and `from a.b import c`, anywhere in a file: a script a test runs from a string counts too.
+_IMPORT = re.compile(r"^[ \t]*(?:import[ \t]+([\w. \t]+(?:,[\w. \t]+)*)|from[ \t]+(\w+)[\w.]*[ \t]+import\b)", re.M)
+
+
+def _dist(name: str) -> str:
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+
+def _installed_by(target: str) -> set[str]:
+    """The distributions (normalised names) of every requirements file `make TARGET` installs, and of the
+    files those name with -r."""
+    files = [REPO / f for line in _make_n(target, dict(os.environ)).splitlines() if "pip install" in line
+             for f in re.findall(r"-r\s+(\S+)", line)]
+    out: set[str] = set()
+    while files:
+        path = files.pop()
+        out |= {_dist(name) for name in _requirements(path)}
+        files += [path.parent / f for f in re.findall(r"^-r\s+(\S+)", path.read_text(), re.M)]
+    return out
+
+
+def _imported(paths) -> dict[str, set[str]]:
+    """{top-level module: the files that import it} over the given Python files."""
+    out: dict[str, set[str]] = {}
+    for path in paths:
+        for m in _IMPORT.finditer(path.read_text()):
+            names = [n.split()[0] for n in m.group(1).split(",") if n.strip()] if m.group(1) else [m.group(2)]
+            for name in names:
+                out.setdefault(name.split(".")[0], set()).add(str(path.relative_to(REPO)))
+    return out
+
+
+def test_every_import_is_installed_by_the_make_target_that_runs_it():
+    from importlib.metadata import packages_distributions
+    tracked = subprocess.run(["git", "ls-files"], cwd=REPO, capture_output=True, text=True, check=True).stdout
+    own = {Path(part).stem for p in tracked.split() if p.endswith(".py") for part in Path(p).parts}  # ours
+    provides = {module: {_dist(d) for d in dists} for module, dists in packages_distributions().items()}
+    missing = []
+    for tree, target in _TREES.items():
+        files = [REPO / tree] if tree.endswith(".py") else sorted((REPO / tree).rglob("*.py"))
+        allowed = _installed_by(target)
+        for module, where in _imported(files).items():
+            if module in sys.stdlib_module_names or module in own or module in _THE_MACHINES_OWN:
+                continue
+            if not provides.get(module, set()) & allowed:
+                found = f"none of {sorted(provides[module])}" if module in provides else "nothing that provides it"
+                missing.append(f"{module} (imported by {', '.join(sorted(where)[:3])}; make {target} installs {found})")
+    assert not missing, "imports that no requirements file installed by their make target provides:\n" + \
+        "\n".join(missing)

@@ -1,4 +1,4 @@
-"""How the suite runs (tests/conftest.py). CI runs every oracle: `make test` installs requirements-test.txt and
+"""How the suite runs (tests/conftest.py). CI runs every oracle: `make test` installs requirements-dev.txt and
 sets ALEXNET_ORACLES_REQUIRED, and there a test that skips for a missing oracle fails instead of passing over
 it. No fixture leaves signal handlers behind for the tests after it."""
 from __future__ import annotations
@@ -148,6 +148,7 @@ def test_a_mutant_forked_from_mutmuts_warm_server_gets_the_mutants_settings(tmp_
     from it: a Hypothesis property draws a fifth of its examples, does not shrink, and the session's inherited
     heap is frozen (conftest._under_a_mutant), though nothing is imported again in the mutant's process."""
     from tests.conftest import REPO
+    pytest.importorskip("mutmut")  # not mutmut.__main__: importing it here would make this session mutmut's
     (tmp_path / "test_probe.py").write_text(PROBE_UNDER_A_MUTANT)
     (tmp_path / "src").mkdir()  # mutmut's command line reads its configuration as it is imported
     (tmp_path / "pyproject.toml").write_text('[tool.mutmut]\nsource_paths = ["src"]\n')

@@ -3,6 +3,7 @@ how the suite runs: on two pytest-xdist workers when it is installed, the longes
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import shutil
 import signal
@@ -56,14 +57,24 @@ def pytest_fixture_setup(fixturedef, request):
         yield
 
 
+def _session_data(name: str, params: dict, tmp_path_factory, build) -> tuple[Path, object]:
+    """A session fixture's data: under mutmut, one build per mutation run for the mutants outside data/
+    (tests/session_data.py)."""
+    from tests import session_data
+    mutant = os.environ.get("MUTANT_UNDER_TEST", "")
+    return session_data.built(name, json.dumps(params, sort_keys=True), tmp_path_factory.mktemp, build,
+                              shared=a_mutants_session() and not session_data.mutant_builds_it(mutant),
+                              cache=REPO / ".session-data", code=REPO / session_data.BUILT_BY)
+
+
+SYNTH = {"num_classes": 4, "train_per_class": 12, "val_per_class": 4, "seed": 0, "min_side": 48, "max_side": 160}
+
+
 @pytest.fixture(scope="session")
 def synth(tmp_path_factory) -> tuple[Path, dict]:
     """A synthetic ImageNet-format tree (flat val with both label files) with every quirk."""
     from data.synthetic import generate
-    root = tmp_path_factory.mktemp("synth")
-    manifest = generate(root, num_classes=4, train_per_class=12, val_per_class=4, seed=0,
-                        min_side=48, max_side=160)
-    return root, manifest
+    return _session_data("synth", SYNTH, tmp_path_factory, lambda root: generate(root, **SYNTH))
 
 
 @pytest.fixture(scope="session")
@@ -71,10 +82,10 @@ def prep(synth, tmp_path_factory) -> tuple[Path, dict]:
     """`synth` preprocessed at 64x64, 8 images per file, Kaggle val labels."""
     from data.preprocess import Options, preprocess
     root, _ = synth
-    out = tmp_path_factory.mktemp("prep")
-    summary = preprocess(root / "train", out, root / "val", root / "LOC_val_solution.csv",
-                         Options(size=64, per_file=8), workers=2, quiet=True)
-    return out, summary
+    return _session_data(
+        "prep", {"synth": str(root), "size": 64, "per_file": 8}, tmp_path_factory,
+        lambda out: preprocess(root / "train", out, root / "val", root / "LOC_val_solution.csv",
+                               Options(size=64, per_file=8), workers=2, quiet=True))
 
 
 @pytest.fixture(scope="session")
@@ -82,10 +93,12 @@ def train_data(synth, tmp_path_factory) -> Path:
     """`synth` preprocessed at 72x72 (alexnet's smallest crop is 67), 16 images per file."""
     from data.preprocess import Options, preprocess
     root, _ = synth
-    out = tmp_path_factory.mktemp("train_data")
-    preprocess(root / "train", out, root / "val", root / "val.txt", Options(size=72, per_file=16),
-               workers=2, quiet=True)
-    return out
+
+    def build(out: Path) -> None:
+        preprocess(root / "train", out, root / "val", root / "val.txt", Options(size=72, per_file=16),
+                   workers=2, quiet=True)
+    return _session_data("train_data", {"synth": str(root), "size": 72, "per_file": 16}, tmp_path_factory,
+                         build)[0]
 
 
 def load_script(name: str, folder: str = "scripts"):

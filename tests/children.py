@@ -34,6 +34,7 @@ import subprocess
 import sys
 import threading
 import time
+import uuid
 from collections.abc import Callable
 
 STALL_S = 120.0
@@ -331,3 +332,56 @@ def _tail(text: str | bytes | None, chars: int = 4000) -> str:
     if isinstance(text, bytes):
         text = text.decode(errors="replace")
     return text[-chars:]
+
+
+# Survivors: every process of a run started with TOKEN=<a fresh value> in its environment inherits it,
+# whatever starts it, so the processes a run left behind are found by it.
+TOKEN = "ALEXNET_TEST_RUN_TOKEN"  # in the environment of every process of a run: its survivors
+GONE_S = 60.0   # how long the tool's processes may take to end after their parent (a generous bound: a
+                # process that has no way to learn of its parent's death never ends at all)
+
+
+def with_a_token(env: dict | None = None) -> tuple[str, dict]:
+    """A fresh token, and the environment (`env`, else this process's) that carries it to a run's processes."""
+    token = uuid.uuid4().hex
+    return token, {**(os.environ if env is None else env), TOKEN: token}
+
+
+def with_token(token: str) -> list[int]:
+    """Live processes whose environment holds `token` (this user's; zombies excluded)."""
+    found = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit() or int(entry) == os.getpid():
+            continue
+        try:
+            with open(f"/proc/{entry}/environ", "rb") as f:
+                if f"{TOKEN}={token}".encode() not in f.read().split(b"\0"):
+                    continue
+            with open(f"/proc/{entry}/stat") as f:
+                if f.read().rsplit(") ", 1)[1][:1] == "Z":
+                    continue
+        except OSError:
+            continue
+        found.append(int(entry))
+    return found
+
+
+def _cmdline(pid: int) -> str:
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return f.read().replace(b"\0", b" ").decode(errors="replace").strip()
+    except OSError:
+        return "?"
+
+
+def none_left(token: str, what: str) -> None:
+    """No process of the run `token` lives GONE_S after `what` ended (those found are killed, and named)."""
+    end = time.monotonic() + GONE_S
+    while (left := with_token(token)) and time.monotonic() < end:
+        time.sleep(0.05)
+    if left:
+        listing = "; ".join(f"{p}: {_cmdline(p)}" for p in left)
+        for p in left:
+            with contextlib.suppress(ProcessLookupError):  # it may have ended since
+                os.kill(p, signal.SIGKILL)
+        raise AssertionError(f"{len(left)} process(es) outlived {what} by {GONE_S:.0f} s: {listing}")

@@ -15,7 +15,7 @@ import signal
 import subprocess
 import sys
 import time
-import uuid
+from dataclasses import dataclass
 
 import pytest
 import torch
@@ -23,7 +23,6 @@ import torch
 from alexnet.checkpoint import load
 from tests import children
 from tests.conftest import REPO, tiny_overrides
-from tests.write_points import TOKEN, none_left
 
 pytestmark = pytest.mark.processes
 
@@ -43,21 +42,25 @@ def said(err: str) -> list[str]:
             and "s/it]" not in line and "%|" not in line]
 
 
-def start(train_data, run, layout: dict) -> subprocess.Popen:
-    """train.py with a token in its environment, which every process of its tree inherits (`ended`)."""
+@dataclass
+class Started:
+    """A train.py run and the token that every process of its tree inherits (`ended`)."""
+    proc: subprocess.Popen
+    token: str
+
+
+def start(train_data, run, layout: dict) -> Started:
     over = tiny_overrides(train_data, run, **DETERMINISTIC, **layout)
-    proc = subprocess.Popen([sys.executable, "train.py", "configs/demo.yaml", *over], cwd=REPO,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
-                            env={**os.environ, TOKEN: (token := uuid.uuid4().hex)})
-    proc.token = token
-    return proc
+    token, env = children.with_a_token()
+    return Started(subprocess.Popen([sys.executable, "train.py", "configs/demo.yaml", *over], cwd=REPO,
+                                    stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=env), token)
 
 
-def ended(proc: subprocess.Popen, what: str) -> str:
-    """`proc`'s stderr once it has ended, and no process of its tree left GONE_S later (after a stop signal
+def ended(run: Started, what: str) -> str:
+    """The run's stderr once it has ended, and no process of its tree left GONE_S later (after a stop signal
     or a normal end alike)."""
-    _, err = children.communicate(proc, cpu_s=240)
-    none_left(proc.token, f"{what} (exit {proc.returncode})")
+    _, err = children.communicate(run.proc, cpu_s=240)
+    children.none_left(run.token, f"{what} (exit {run.proc.returncode})")
     return err
 
 
@@ -77,15 +80,16 @@ def test_a_stop_signal_at_a_drawn_moment_ends_in_one_line_and_resumes_exactly(tr
     ref = start(train_data, tmp_path / "ref", layout)
     err = ended(ref, "the uninterrupted run")
     length = time.monotonic() - began
-    assert ref.returncode == 0, err[-2000:]
+    assert ref.proc.returncode == 0, err[-2000:]
     moment = rng.uniform(EARLIEST_S, length)
     print(f"the uninterrupted run took {length:.1f} s; the signal comes at {moment:.2f} s")
 
     run = tmp_path / "run"
-    proc = start(train_data, run, layout)
+    stopped = start(train_data, run, layout)
     time.sleep(moment)
-    proc.send_signal(sig)
-    err = ended(proc, f"the run stopped by {sig.name}")
+    stopped.proc.send_signal(sig)
+    err = ended(stopped, f"the run stopped by {sig.name}")
+    proc = stopped.proc
     lines = said(err)
     case = f"seed {seed}: {name}, {sig.name} at {moment:.2f} s of {length:.1f} s"
     assert proc.returncode in (0, 128 + sig), (case, proc.returncode, lines[-10:])
@@ -93,6 +97,6 @@ def test_a_stop_signal_at_a_drawn_moment_ends_in_one_line_and_resumes_exactly(tr
     if proc.returncode:
         again = start(train_data, run, layout)
         err = ended(again, "the resumed run")
-        assert again.returncode == 0, (case, err[-2000:])
+        assert again.proc.returncode == 0, (case, err[-2000:])
     got, want = weights(run), weights(tmp_path / "ref")
     assert got.keys() == want.keys() and all(torch.equal(got[k], want[k]) for k in want), case

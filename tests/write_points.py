@@ -15,7 +15,6 @@ their tensors, JSON and metrics without wall-clock fields or the preprocessed ou
 """
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import re
@@ -30,11 +29,9 @@ from pathlib import Path
 import numpy as np
 
 from data.fsutil import PAUSE_AT, TEMP_FILE, WRITE_TRACE
+from tests.children import none_left, with_a_token
 from tests.conftest import REPO
 
-TOKEN = "ALEXNET_WRITE_POINT_RUN"  # in the environment of every process of a killed run: its survivors
-GONE_S = 60.0   # how long the tool's processes may take to end after their parent (a generous bound: a
-                # process that has no way to learn of its parent's death never ends at all)
 # Values that differ from run to run by design: the wall clock, and the random identity that ties a
 # preprocessed output's files together (checked against each other, not against another run).
 VOLATILE = re.compile(r"(^|_)(time|times|seconds|s|wall|date|started|finished|elapsed|img_per_s|dataset|"
@@ -85,33 +82,6 @@ def read_trace(path: Path) -> list[tuple[int, int, str, str]]:
     return rows
 
 
-def _with_token(token: str) -> list[int]:
-    """Live processes whose environment holds `token` (this user's; zombies excluded)."""
-    found = []
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit() or int(entry) == os.getpid():
-            continue
-        try:
-            with open(f"/proc/{entry}/environ", "rb") as f:
-                if f"{TOKEN}={token}".encode() not in f.read().split(b"\0"):
-                    continue
-            with open(f"/proc/{entry}/stat") as f:
-                if f.read().rsplit(") ", 1)[1][:1] == "Z":
-                    continue
-        except OSError:
-            continue
-        found.append(int(entry))
-    return found
-
-
-def _cmdline(pid: int) -> str:
-    try:
-        with open(f"/proc/{pid}/cmdline", "rb") as f:
-            return f.read().replace(b"\0", b" ").decode(errors="replace").strip()
-    except OSError:
-        return "?"
-
-
 def written_outside(opened: list[str], out: Path, allowed: tuple[str, ...]) -> list[str]:
     """The files opened for writing outside `out` (a tool writes its output and nothing else), but for
     devices and shared memory (/dev), folders (tempfile's nameless probe files) and paths starting with
@@ -139,11 +109,10 @@ def _start(argv: list[str], work: Path, pause_at: int | None = None) -> _Started
     """Start `argv` (a repository script and its arguments) with the write trace and the write audit on,
     in a session of its own."""
     trace = work / f"trace-{uuid.uuid4().hex[:8]}.txt"
-    token = uuid.uuid4().hex
     audit = trace.with_name(trace.stem + "-opened.txt")
     path = os.pathsep.join(p for p in (str(AUDIT_DIR), os.environ.get("PYTHONPATH", "")) if p)
-    env = {**os.environ, "PYTHONUNBUFFERED": "1", WRITE_TRACE: str(trace), TOKEN: token, AUDIT: str(audit),
-           "PYTHONPATH": path}
+    token, env = with_a_token({**os.environ, "PYTHONUNBUFFERED": "1", WRITE_TRACE: str(trace), AUDIT: str(audit),
+                               "PYTHONPATH": path})
     if pause_at is not None:
         env[PAUSE_AT] = str(pause_at)
     log = work / f"log-{uuid.uuid4().hex[:8]}.txt"
@@ -178,19 +147,6 @@ def run_inside(argv: list[str], work: Path, moment: int, timeout: float = 600) -
         if s.proc.poll() is None:
             os.killpg(s.proc.pid, signal.SIGKILL)
             s.proc.wait()
-
-
-def none_left(token: str, what: str) -> None:
-    """No process of the run `token` lives GONE_S after `what` ended (those found are killed, and named)."""
-    end = time.monotonic() + GONE_S
-    while (left := _with_token(token)) and time.monotonic() < end:
-        time.sleep(0.05)
-    if left:
-        listing = "; ".join(f"{p}: {_cmdline(p)}" for p in left)
-        for p in left:
-            with contextlib.suppress(ProcessLookupError):  # it may have ended since
-                os.kill(p, signal.SIGKILL)
-        raise AssertionError(f"{len(left)} process(es) outlived {what} by {GONE_S:.0f} s: {listing}")
 
 
 def run_tool(argv: list[str], work: Path, pause_at: int | None = None, timeout: float = 600) -> Run:

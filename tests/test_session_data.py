@@ -53,8 +53,9 @@ class _Builds:
 def _use(builds, tmp_path, *, shared: bool, params: str = "p", change=None):
     """One session's use of the fixture: its folder and value (and `change`, what the session does to it)."""
     code = tmp_path / "code"
-    code.mkdir(exist_ok=True)
-    (code / "m.py").write_text("x = 1\n") if not (code / "m.py").exists() else None
+    if not code.exists():
+        code.mkdir()
+        (code / "m.py").write_text("x = 1\n")
 
     def mktemp(name):
         made = tmp_path / f"{name}{len(list(tmp_path.glob(name + '*')))}"

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import ast
 import json
+import tempfile
 import threading
 import time
 from pathlib import Path
@@ -133,3 +134,24 @@ def test_the_fixtures_values_come_back_from_json_as_they_were(synth, prep):
     """A shared build hands every session its value as JSON gives it back: the fixtures' must survive that."""
     for _, value in (synth, prep):
         assert json.loads(json.dumps(value)) == value
+
+
+def test_conftests_fixtures_share_only_in_a_mutants_session_outside_data(tmp_path, monkeypatch):
+    """conftest's wiring: the suite and mutmut's own runs build their own, a mutant outside data/ shares
+    (the second session finds the first's build), a mutant of data/ builds its own."""
+    from tests import conftest
+    monkeypatch.setattr(conftest, "REPO", tmp_path)
+    (tmp_path / session_data.BUILT_BY).mkdir()
+    (tmp_path / session_data.BUILT_BY / "m.py").write_text("x = 1\n")
+    builds = _Builds()
+
+    class Factory:
+        def mktemp(self, name):
+            return Path(tempfile.mkdtemp(prefix=name, dir=tmp_path))
+    for mutant, shares in [("", False), ("stats", False), ("alexnet.replica.x_step__mutmut_1", True),
+                           ("layers.collectives.x_f__mutmut_2", True), ("data.reader.x_read__mutmut_3", False)]:
+        monkeypatch.setenv("MUTANT_UNDER_TEST", mutant)
+        before = builds.calls
+        root, _ = conftest._session_data("f", {"a": 1}, Factory(), builds)
+        assert (root.parent == tmp_path / ".session-data") == shares, mutant
+        assert builds.calls == before + (0 if shares and mutant.startswith("layers") else 1), mutant

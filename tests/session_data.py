@@ -2,7 +2,7 @@
 
 mutmut runs each mutant in a pytest session of its own, and each session made those fixtures' data again
 (a synthetic tree and its preprocessing by a process pool): a third of a running mutant's time. What they
-hold is written by data/'s code alone (data/ imports nothing of alexnet/ or layers/: tests/test_suite.py
+hold is written by data/'s code alone (data/ imports nothing of alexnet/ or layers/: tests/test_session_data.py
 walks its imports), so it is the same for every mutant outside data/: those sessions share one build, made
 under a lock in the mutation run's own folder (mutants/.session-data/, gone with it), checked against its
 digest each time a session uses it, and made again when it differs. A mutant of

@@ -3,13 +3,15 @@
 The paper writes b_i = a_i / (k + alpha * sum_{j in window(i)} a_j^2)^beta, with alpha NOT divided
 by the window size n, and k = 2 (so do pylearn2 and the Theano reproduction). Caffe (and so the BVLC
 weights) computes b_i = a_i / (k + (alpha / n) * sum a_j^2)^beta with k = 1: ``LRN_FORMS`` names the
-two, ``make_lrn`` builds either. torch's ``local_response_norm`` divides alpha by n, so ``LRN`` passes
-``coeff * size`` to it (coeff: the factor of the window sum): the result is the chosen formula
-computed by the framework's own op.
+two, ``make_lrn`` builds either (``coeff``: the factor of the window sum).
 
-That op sums the window with ``avg_pool3d``, whose CUDA backward adds with atomics (and raises in
-torch's deterministic mode). Under ``torch.use_deterministic_algorithms(True)`` (``train.deterministic``)
-the window sum is instead a fixed sequence of shifted slice additions, on every device.
+One autograd function computes both, on every device, in every mode: the window sum is a fixed sequence
+of shifted slice additions (no atomics: deterministic, so ``train.deterministic`` needs no other path),
+s^-beta is exp(-beta log s) (torch's pow with a fractional exponent costs twice as much on the CPU), and
+the backward is the closed form (Caffe's): dx_j = g_j s_j^-beta - 2 coeff beta x_j sum_{i in window(j)}
+g_i b_i / s_i. torch's ``local_response_norm`` sums with ``avg_pool3d`` and lets autograd differentiate
+it: measured side by side (``scripts/benchmark.py lrn``), this is faster forward and backward. A
+model-parallel column's LRN (``lrn_with_halo``) is the same function given its neighbours' channels.
 """
 
 from __future__ import annotations
@@ -46,10 +48,7 @@ class LRN(nn.Module):
         self.coeff = self.alpha / size if divide_by_size else self.alpha  # the factor of the window sum
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if torch.are_deterministic_algorithms_enabled():
-            return x / (self.k + self.coeff * channel_window_sum(x * x, self.size)) ** self.beta
-        # torch computes k + (alpha' / n) * sum: alpha' = coeff * n gives our denominator.
-        return F.local_response_norm(x, self.size, alpha=self.coeff * self.size, beta=self.beta, k=self.k)
+        return _WindowLRN.apply(x, None, None, self.size, self.coeff, self.beta, self.k)
 
     def extra_repr(self) -> str:
         form = "caffe form: alpha divided by size" if self.divide_by_size else "paper form: alpha not divided by size"
@@ -70,19 +69,18 @@ def make_lrn(form: str = "paper") -> LRN:
 
 
 def channel_window_sum(x: torch.Tensor, size: int) -> torch.Tensor:
-    """sum of x over the centred window of `size` channels (zeros beyond the edges), for (N, C, H, W).
+    """sum of x over the centred window of `size` channels (zeros beyond the edges), for (N, C, ...).
 
-    Shifted slices added in a fixed order: forward and backward are plain dense ops, deterministic.
+    Shifted slices added in a fixed order: plain dense ops, deterministic.
     """
-    half = size // 2
-    return _window_sum_padded(F.pad(x, (0, 0, 0, 0, half, half)), size, x.shape[1])
+    return _window_sum_padded(_pad_channels(x, size // 2), size, x.shape[1])
 
 
 def _window_sum_padded(padded: torch.Tensor, size: int, channels: int) -> torch.Tensor:
     """Window sums of the `channels` middle channels of `padded` (size // 2 extra channels each side)."""
-    total = padded[:, :channels]
+    total = padded[:, :channels].clone()
     for i in range(1, size):
-        total = total + padded[:, i:i + channels]
+        total += padded[:, i:i + channels]
     return total
 
 
@@ -90,13 +88,53 @@ def lrn_with_halo(x: torch.Tensor, left: torch.Tensor, right: torch.Tensor, lrn:
     """`lrn` of the channels of `x`, a slice of a wider channel axis (a model-parallel column).
 
     `left` and `right` are the size // 2 channels just before and after the slice (zeros at the
-    outer edges), so every window sums what the whole channel axis would give it.
+    outer edges), so every window sums what the whole channel axis would give it; they get gradients.
     """
     half = lrn.size // 2
     if left.shape[1] != half or right.shape[1] != half:
         raise ValueError(f"LRN halo must be {half} channels each side, got {left.shape[1]} and {right.shape[1]}")
-    squares = torch.cat([left, x, right], dim=1) ** 2
-    return x / (lrn.k + lrn.coeff * _window_sum_padded(squares, lrn.size, x.shape[1])) ** lrn.beta
+    return _WindowLRN.apply(x, left, right, lrn.size, lrn.coeff, lrn.beta, lrn.k)
+
+
+class _WindowLRN(torch.autograd.Function):
+    """b = x s^-beta, s = k + coeff * (window sum of the squares), over the channels of `x` (N, C, ...)
+    with `left` and `right` (size // 2 channels each, or None for zeros) beyond its edges.
+
+    Computed in float32 at least: under bf16 autocast a bf16 window sum of squares would lose the small
+    terms (torch's own op gives float32 there too); autograd casts the gradients to their inputs' dtypes."""
+
+    @staticmethod
+    def forward(ctx, x, left, right, size: int, coeff: float, beta: float, k: float):
+        dtype = torch.promote_types(x.dtype, torch.float32)
+        xf = x.to(dtype)
+        if left is None:
+            wide = _pad_channels(xf, size // 2)
+        else:
+            wide = torch.cat([left.to(dtype), xf, right.to(dtype)], dim=1)
+        s = _window_sum_padded(wide * wide, size, x.shape[1]).mul_(coeff).add_(k)
+        scale = s.log().mul_(-beta).exp_()  # s^-beta
+        ctx.save_for_backward(xf, wide if left is not None else None, s, scale)
+        ctx.size, ctx.coeff, ctx.beta = size, coeff, beta
+        return xf * scale
+
+    @staticmethod
+    def backward(ctx, grad):
+        xf, wide, s, scale = ctx.saved_tensors
+        g, half, factor = grad.to(xf.dtype), ctx.size // 2, 2.0 * ctx.coeff * ctx.beta
+        t = g * xf * scale / s  # g_i b_i / s_i: what each output asks of the squares in its window
+        if wide is None:
+            dx = g * scale - factor * xf * channel_window_sum(t, ctx.size)
+            return dx, None, None, None, None, None, None
+        channels = xf.shape[1]
+        # a halo channel is in the windows of the outputs within half of it: t padded, summed again
+        dwide = wide * channel_window_sum(_pad_channels(t, half), ctx.size).mul_(-factor)
+        dwide[:, half:half + channels] += g * scale
+        return dwide[:, half:half + channels], dwide[:, :half], dwide[:, half + channels:], None, None, None, None
+
+
+def _pad_channels(x: torch.Tensor, half: int) -> torch.Tensor:
+    """x (N, C, ...) with `half` zero channels before and after."""
+    return F.pad(x, (0, 0) * (x.dim() - 2) + (half, half))
 
 
 def lrn_reference(

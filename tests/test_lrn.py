@@ -1,4 +1,5 @@
-"""LRN: the fast framework-op module must equal the paper's formula, computed literally."""
+"""LRN: layers.LRN (its own autograd function) must equal the paper's formula computed literally, and torch's
+own local_response_norm forward and backward; a model-parallel column's LRN (with halos) the whole one."""
 
 from __future__ import annotations
 
@@ -6,9 +7,10 @@ import math
 
 import pytest
 import torch
+import torch.nn.functional as F
 from torch import nn
 
-from layers import LRN, lrn_reference
+from layers import LRN, lrn_reference, lrn_with_halo, make_lrn
 
 
 def _max_rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
@@ -82,3 +84,59 @@ def test_lrn_rejects_bad_size(size: int) -> None:
         LRN(size)
     with pytest.raises(ValueError, match="size"):
         lrn_reference(torch.ones(1, 3, 1, 1), size)
+
+
+@pytest.mark.parametrize("form", ["paper", "caffe"])
+@pytest.mark.parametrize("shape", [(2, 7, 5), (3, 9, 4, 5), (2, 6, 3, 2, 2), (1, 1, 3, 3)])
+def test_lrn_forward_and_backward_equal_torchs_own_op(form: str, shape: tuple) -> None:
+    """An independent implementation (torch's avg_pool3d window, differentiated by autograd), float64,
+    N-d inputs, one random upstream gradient."""
+    lrn = make_lrn(form)
+    gen = torch.Generator().manual_seed(len(shape))
+    x = (30.0 * torch.randn(*shape, generator=gen, dtype=torch.float64)).requires_grad_(True)
+    g = torch.randn(*shape, generator=gen, dtype=torch.float64)
+    ours = lrn(x)
+    (dx_ours,) = torch.autograd.grad(ours, x, g)
+    theirs = F.local_response_norm(x, lrn.size, alpha=lrn.coeff * lrn.size, beta=lrn.beta, k=lrn.k)
+    (dx_theirs,) = torch.autograd.grad(theirs, x, g)
+    torch.testing.assert_close(ours, theirs, rtol=1e-12, atol=0)
+    torch.testing.assert_close(dx_ours, dx_theirs, rtol=1e-10, atol=1e-12)
+
+
+@pytest.mark.parametrize("at", [(0, 3), (2, 5), (5, 9), (0, 9)])
+def test_a_columns_lrn_with_its_halos_is_the_whole_ones_slice_and_gradients_reach_the_halos(at) -> None:
+    """lrn_with_halo on channels a..b of a 9-channel axis, its neighbours (zeros past the edges) as halos:
+    the output is that slice of the whole axis's LRN, and the gradient of every input (the slice and
+    both halos) is the whole one's (each halo channel gets what the column's windows ask of it)."""
+    a, b = at
+    lrn = make_lrn("caffe")
+    gen = torch.Generator().manual_seed(a * 10 + b)
+    whole = (150.0 * torch.randn(2, 9, 3, 2, generator=gen, dtype=torch.float64)).requires_grad_(True)
+    g = torch.randn(2, b - a, 3, 2, generator=gen, dtype=torch.float64)
+    padded = F.pad(whole, (0, 0, 0, 0, 2, 2))  # whole's channel c is padded's c + 2
+    column = lrn_with_halo(padded[:, a + 2:b + 2], padded[:, a:a + 2], padded[:, b + 2:b + 4], lrn)
+    want = lrn(whole)[:, a:b]
+    torch.testing.assert_close(column, want, rtol=1e-12, atol=0)
+    (d_column,) = torch.autograd.grad(column, whole, g)
+    (d_want,) = torch.autograd.grad(want, whole, g)
+    torch.testing.assert_close(d_column, d_want, rtol=1e-10, atol=1e-14)
+    x, left, right = (t.detach().clone().requires_grad_(True)
+                      for t in (padded[:, a + 2:b + 2], padded[:, a:a + 2], padded[:, b + 2:b + 4]))
+    assert torch.autograd.gradcheck(lambda *t: lrn_with_halo(*t, lrn), (x, left, right))
+
+
+@pytest.mark.parametrize("autocast", [False, True])
+def test_bf16_input_is_normalised_in_float32_and_its_gradient_is_bf16(autocast: bool) -> None:
+    """A bf16 window sum of squares would lose the small terms: the layer computes in float32 (as torch's
+    own op gives under bf16 autocast) and hands back a bf16 gradient for its bf16 input."""
+    x = _random(8).float().bfloat16().requires_grad_(True)
+    with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
+        y = LRN()(x)
+    assert y.dtype == torch.float32
+    exact = x.detach().double().requires_grad_(True)
+    want = lrn_reference(exact)
+    torch.testing.assert_close(y.double(), want, rtol=1e-6, atol=1e-6)
+    y.sum().backward()
+    want.sum().backward()
+    assert x.grad.dtype == torch.bfloat16
+    torch.testing.assert_close(x.grad.double(), exact.grad, rtol=1e-2, atol=1e-4)  # bf16's 8 bits

@@ -9,10 +9,11 @@
     python scripts/benchmark.py checkpoint [--dir DIR] [--device auto]
     python scripts/benchmark.py parallel [--batch-size 256] [--width 1.0] [--device auto]
     python scripts/benchmark.py large-batch [--archs alexnet alexnet_bn] [--seeds 0 1 2] [--no-sweep] [--quick]
+    python scripts/benchmark.py lrn [--batch-size 128] [--width 1.0] [--device auto]
 
 Each subcommand is one module of scripts/bench/ (preprocess.py, train.py, loading.py, exchange.py,
-read.py, checkpoint.py, parallel.py, large_batch.py), whose docstring says what it measures; what they share (timing
-with warm-up, worker processes, arguments, tables and JSON) is scripts/bench/common.py.
+read.py, checkpoint.py, parallel.py, large_batch.py, lrn.py), whose docstring says what it measures; what
+they share (timing with warm-up, worker processes, arguments, tables and JSON) is scripts/bench/common.py.
 """
 from __future__ import annotations
 
@@ -27,13 +28,13 @@ from alexnet.startup import quiet_start  # noqa: E402
 quiet_start(__name__, "benchmark.py")  # a Ctrl-C while torch imports: one line, not a traceback
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from bench import checkpoint, exchange, large_batch, loading, parallel, preprocess, read, train  # noqa: E402
+from bench import checkpoint, exchange, large_batch, loading, lrn, parallel, preprocess, read, train  # noqa: E402
 from bench.common import report  # noqa: E402
 
 from alexnet.cli import protect_streams  # noqa: E402
 from data.domains import OneLineParser, OutputPath, json_holding  # noqa: E402
 
-BENCHMARKS = (preprocess, train, loading, read, exchange, checkpoint, parallel, large_batch)  # the order of --help
+BENCHMARKS = (preprocess, train, loading, read, exchange, checkpoint, parallel, large_batch, lrn)  # the order of --help
 
 # What an existing --json file must be for --force to replace it: every benchmark's report holds these.
 EARLIER_JSON = json_holding("a benchmark.py --json output (JSON with benchmark, rows)", ("benchmark", "rows"))

@@ -49,6 +49,10 @@ CASES = {  # subcommand: (flags, top-level keys, keys of each row)
                     ["benchmark", "cpu", "proxy", "main_lrs", "rows", "gap", "sweep", "runs", "wall_s"],
                     [["arch", "optimizer", "batch", "lr", "warmup_epochs", "steps", "top1_err", "top1_min",
                       "top1_max", "top5_err", "per_seed", "diverged", "seconds"]] * 4),
+    # alexnet's two LRNs, then a training step
+    "lrn": ([*TINY[:4], "--batch-size", "4", "--steps", "1", "--warmup", "1", "--repeat", "1"],
+            ["benchmark", "device", "arch", "width", "crop", "batch_size", "rows"],
+            [["what", "shape", "torch_ms", "layers_ms", "speedup"]] * 3),
 }
 
 
@@ -184,3 +188,41 @@ def test_an_existing_json_is_not_replaced_without_force(tmp_path, capsys):
         assert e.value.code == 2 and len(err.splitlines()) == 1 and f"{foreign} exists and is not a benchmark" in err
     assert kept.read_bytes() == (REPO / "docs" / "benchmarks" / "read_cpu.json").read_bytes()
     assert foreign.read_text() == '{"kept": true}'
+
+
+def test_lrn_benchmark_times_torchs_op_against_the_layer_and_refuses_a_model_without_lrn():
+    """benchmark.py lrn: inside torchs_lrn every layers.LRN is torch's F.local_response_norm (its autograd
+    graph holds avg_pool3d), outside it the layer's own function; owt, which has no LRN, is refused."""
+    import torch
+    import torch.nn.functional as F
+    sys.path.insert(0, str(REPO / "scripts"))
+    from bench import lrn
+
+    from layers import LRN
+    x = (30.0 * torch.randn(2, 7, 3, 3, dtype=torch.float64)).requires_grad_(True)
+    layer = LRN()
+    with lrn.torchs_lrn():
+        theirs = layer(x)
+    ours = layer(x)
+    assert _graph_holds(theirs, "AvgPool3D")
+    assert not _graph_holds(ours, "AvgPool3D") and _graph_holds(ours, "_WindowLRN")
+    torch.testing.assert_close(theirs, F.local_response_norm(x, 5, alpha=5e-4, beta=0.75, k=2.0), rtol=0, atol=0)
+    torch.testing.assert_close(ours, theirs, rtol=1e-12, atol=0)
+    args = lrn.add_parser(_subparsers()).parse_args(["--arch", "owt", "--device", "cpu", "--width", "0.125",
+                                                     "--batch-size", "2", "--steps", "1", "--warmup", "0"])
+    with pytest.raises(SystemExit, match="owt has no LRN"):
+        args.run(args)
+
+
+def _graph_holds(t, name: str) -> bool:
+    """Whether the autograd graph behind `t` has a node whose type name contains `name`."""
+    seen, todo = set(), [t.grad_fn]
+    while todo:
+        node = todo.pop()
+        if node is None or node in seen:
+            continue
+        seen.add(node)
+        if name in type(node).__name__:
+            return True
+        todo.extend(f for f, _ in node.next_functions)
+    return False

@@ -115,7 +115,8 @@ MUTATE_SINCE_ROUND_4 = data.devkit.* data.val_labels.* data.classnames.* data.ar
 # lines and DDP, marked no mutate), large_batch and model_parallel; of layers/collectives the Comm interface,
 # the gathers and their helpers (not TorchComm: real processes); the pure parts of distributed (the mesh,
 # placement, transports, devices, the attempt's store namespace, the group of one, the rank-0 helpers) and
-# of launch (the heartbeat, the launcher's judgement; not its start of processes).
+# of launch (the heartbeat, the launcher's judgement; not its start of processes); all of layers/lrn.py
+# (LRN's own autograd function, the model-parallel halo).
 MUTATE_PARALLEL = alexnet.replica.* alexnet.exchange.* alexnet.large_batch.* alexnet.model_parallel.* \
 	layers.collectives.x_* layers.collectives.x?Comm?* layers.collectives.x?_Gather?* \
 	alexnet.distributed.x_mesh_ranks* alexnet.distributed.x_own_group* alexnet.distributed.x_resolve_transport* \
@@ -124,7 +125,7 @@ MUTATE_PARALLEL = alexnet.replica.* alexnet.exchange.* alexnet.large_batch.* ale
 	alexnet.distributed.x__first_line* alexnet.distributed.x__ranks* alexnet.distributed.x_print0* \
 	alexnet.distributed.x_slow_barrier* alexnet.distributed.x_alone* \
 	alexnet.launch.x?Heartbeat?* alexnet.launch.x_report_gave_up* alexnet.launch.x__how* \
-	alexnet.launch.x?Launcher?_[!_]*
+	alexnet.launch.x?Launcher?_[!_]* layers.lrn.*
 # Added by issues 33 and 34: the declared option domains, published weights by name, where files take their
 # names, a pool's waits and stop.
 MUTATE_INPUTS = data.domains.* alexnet.weights.hub.* alexnet.weights.start.* alexnet.weights.mean_image.* data.fsutil.x_commit* data.fsutil.x__write_point* data.fsutil.x_temp_path* \

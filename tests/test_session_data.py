@@ -4,9 +4,9 @@ their own."""
 from __future__ import annotations
 
 import ast
+import concurrent.futures
 import json
 import tempfile
-import threading
 import time
 from pathlib import Path
 
@@ -51,17 +51,21 @@ class _Builds:
         return {"n": 3, "shape": (2, 2)}
 
 
-def _use(builds, tmp_path, *, shared: bool, params: str = "p", change=None):
-    """One session's use of the fixture: its folder and value (and `change`, what the session does to it)."""
+def _code(tmp_path: Path) -> Path:
+    """The code folder the key is made of (made once, before any thread uses it)."""
     code = tmp_path / "code"
     if not code.exists():
         code.mkdir()
         (code / "m.py").write_text("x = 1\n")
+    return code
 
-    def mktemp(name):
-        made = tmp_path / f"{name}{len(list(tmp_path.glob(name + '*')))}"
-        made.mkdir()
-        return made
+
+def _use(builds, tmp_path, *, shared: bool, params: str = "p", change=None):
+    """One session's use of the fixture: its folder and value (and `change`, what the session does to it)."""
+    code = _code(tmp_path)
+
+    def mktemp(name):  # as tmp_path_factory.mktemp: a new folder each call, from any thread
+        return Path(tempfile.mkdtemp(prefix=name, dir=tmp_path))
     root, value = session_data.built("f", params, mktemp, builds, shared=shared, cache=tmp_path / "cache",
                                      code=code)
     if change:
@@ -111,14 +115,10 @@ def test_the_code_that_writes_it_changed_makes_it_again(tmp_path):
 
 def test_sessions_beside_each_other_build_once(tmp_path):
     builds = _Builds(pause=0.3)
-    roots = []
-    threads = [threading.Thread(target=lambda: roots.append(_use(builds, tmp_path, shared=True)[0]))
-               for _ in range(3)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    assert builds.calls == 1 and len(set(roots)) == 1
+    _code(tmp_path)
+    with concurrent.futures.ThreadPoolExecutor(3) as pool:  # a thread's exception reaches the test
+        roots = list(pool.map(lambda _: _use(builds, tmp_path, shared=True)[0], range(3)))
+    assert builds.calls == 1 and len(roots) == 3 and len(set(roots)) == 1
 
 
 def test_a_half_made_build_is_made_again(tmp_path):

@@ -110,7 +110,7 @@ class _WindowLRN(torch.autograd.Function):
         if left is None:
             wide = _pad_channels(xf, size // 2)
         else:
-            wide = torch.cat([left.to(dtype), xf, right.to(dtype)], dim=1)
+            wide = torch.cat([left, xf, right], dim=1)  # cat promotes the halos to xf's dtype
         s = _window_sum_padded(wide * wide, size, x.shape[1]).mul_(coeff).add_(k)
         scale = s.log().mul_(-beta).exp_()  # s^-beta
         ctx.save_for_backward(xf, wide if left is not None else None, s, scale)
@@ -120,7 +120,7 @@ class _WindowLRN(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad):
         xf, wide, s, scale = ctx.saved_tensors
-        g, half, factor = grad.to(xf.dtype), ctx.size // 2, 2.0 * ctx.coeff * ctx.beta
+        g, half, factor = grad, ctx.size // 2, 2.0 * ctx.coeff * ctx.beta  # grad: the output's dtype, xf's
         t = g * xf * scale / s  # g_i b_i / s_i: what each output asks of the squares in its window
         if wide is None:
             dx = g * scale - factor * xf * channel_window_sum(t, ctx.size)

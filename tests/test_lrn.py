@@ -140,3 +140,32 @@ def test_bf16_input_is_normalised_in_float32_and_its_gradient_is_bf16(autocast: 
     want.sum().backward()
     assert x.grad.dtype == torch.bfloat16
     torch.testing.assert_close(x.grad.double(), exact.grad, rtol=1e-2, atol=1e-4)  # bf16's 8 bits
+
+
+def test_caffe_form_divides_alpha_by_the_window_hand_computed() -> None:
+    """k = 1 and alpha / n (Caffe): channel 3 of 1..7 by hand, the layer and the literal formula alike."""
+    x = torch.arange(1.0, 8.0, dtype=torch.float64).view(1, 7, 1, 1)
+    want = 4 / (1 + 1e-4 / 5 * (4 + 9 + 16 + 25 + 36)) ** 0.75
+    for out in (make_lrn("caffe")(x), LRN(k=1.0, divide_by_size=True)(x), lrn_reference(x, k=1.0, divide_by_size=True)):
+        assert math.isclose(out[0, 3, 0, 0].item(), want, rel_tol=1e-12)
+
+
+def test_the_forms_by_name_and_their_words() -> None:
+    assert "paper form: alpha not divided by size" in repr(make_lrn()) and make_lrn().k == 2.0
+    assert "caffe form: alpha divided by size" in repr(make_lrn("caffe")) and make_lrn("caffe").k == 1.0
+    with pytest.raises(ValueError, match=r"unknown LRN form 'pylearn2'; valid: paper, caffe"):
+        make_lrn("pylearn2")
+
+
+@pytest.mark.parametrize("size", [3.0, True])
+def test_lrn_refuses_a_size_that_is_not_an_int(size) -> None:
+    with pytest.raises(ValueError, match="positive odd integer"):
+        LRN(size)
+
+
+def test_a_halo_of_the_wrong_width_on_one_side_is_refused_naming_both() -> None:
+    x = torch.ones(1, 3, 2, 2)
+    with pytest.raises(ValueError, match="LRN halo must be 2 channels each side, got 2 and 1"):
+        lrn_with_halo(x, torch.ones(1, 2, 2, 2), torch.ones(1, 1, 2, 2), LRN())
+    with pytest.raises(ValueError, match="got 3 and 2"):
+        lrn_with_halo(x, torch.ones(1, 3, 2, 2), torch.ones(1, 2, 2, 2), LRN())

@@ -11,8 +11,6 @@ from data.domains import COUNT
 from .common import add_model_args, add_timing_args, default_crop, device_name, subcommand, timed_steps
 from .workload import constant_batch_step
 
-LRN_ARCHS = ("alexnet", "caffenet")  # owt has no LRN
-
 
 def add_parser(sub):
     p = subcommand(sub, "lrn", "LRN forward+backward and a training step: torch's op against layers.LRN", run)
@@ -37,7 +35,8 @@ def torchs_lrn():
 
 
 def lrn_inputs(arch: str, width: float, crop: int, batch: int, device) -> list[tuple]:
-    """(LRN module, its input) for each LRN of the model, from one forward pass of a random batch."""
+    """(LRN module, its input) for each LRN of the model, from one forward pass of a random batch; [] for a
+    model without LRN (no pass then)."""
     import torch
 
     from alexnet.models import build_model
@@ -46,6 +45,8 @@ def lrn_inputs(arch: str, width: float, crop: int, batch: int, device) -> list[t
     seen = []
     hooks = [m.register_forward_pre_hook(lambda m, args: seen.append((m, args[0].detach().clone())))
              for m in model.modules() if isinstance(m, LRN)]
+    if not hooks:
+        return []
     with torch.no_grad():
         model(torch.randn(batch, 3, crop, crop, device=device))
     for h in hooks:
@@ -55,10 +56,11 @@ def lrn_inputs(arch: str, width: float, crop: int, batch: int, device) -> list[t
 
 def run(args) -> dict:
     from alexnet.distributed import pick_device
-    if args.arch not in LRN_ARCHS:
-        raise SystemExit(f"benchmark.py lrn: error: --arch {args.arch} has no LRN; choose from {', '.join(LRN_ARCHS)}")
     device = pick_device(args.device)
     crop = default_crop(args.arch, args.crop)
+    inputs = lrn_inputs(args.arch, args.width, crop, args.batch_size, device)
+    if not inputs:
+        raise SystemExit(f"benchmark.py lrn: error: --arch {args.arch} has no LRN")
     rows = []
 
     def row(what: str, shape: str, make) -> None:
@@ -71,11 +73,10 @@ def run(args) -> dict:
                      "layers_ms": round(times["layers"] * 1e3, 3),
                      "speedup": round(times["torch"] / times["layers"], 2)})
 
-    for i, (module, x) in enumerate(lrn_inputs(args.arch, args.width, crop, args.batch_size, device), 1):
+    for i, (module, x) in enumerate(inputs, 1):
         def forward_backward(module=module, x=x):
             leaf = x.requires_grad_(True)
-            grad = x.new_ones(())
-            return lambda: module(leaf).sum().backward(grad)
+            return lambda: module(leaf).sum().backward()
         row(f"lrn{i} forward+backward", "x".join(map(str, x.shape)), forward_backward)
     row("training step", f"{args.batch_size}x3x{crop}x{crop}",
         lambda: constant_batch_step(args.arch, args.width, crop, args.batch_size, "fp32", False, device))

@@ -8,6 +8,7 @@ import concurrent.futures
 import json
 import tempfile
 import time
+import types
 from pathlib import Path
 
 from tests import session_data
@@ -60,13 +61,15 @@ def _code(tmp_path: Path) -> Path:
     return code
 
 
+def _mktemp_in(folder: Path):
+    """As tmp_path_factory.mktemp: a new folder under `folder` each call, from any thread."""
+    return lambda name: Path(tempfile.mkdtemp(prefix=name, dir=folder))
+
+
 def _use(builds, tmp_path, *, shared: bool, params: str = "p", change=None):
     """One session's use of the fixture: its folder and value (and `change`, what the session does to it)."""
     code = _code(tmp_path)
-
-    def mktemp(name):  # as tmp_path_factory.mktemp: a new folder each call, from any thread
-        return Path(tempfile.mkdtemp(prefix=name, dir=tmp_path))
-    root, value = session_data.built("f", params, mktemp, builds, shared=shared, cache=tmp_path / "cache",
+    root, value = session_data.built("f", params, _mktemp_in(tmp_path), builds, shared=shared, cache=tmp_path / "cache",
                                      code=code)
     if change:
         change(root)
@@ -144,14 +147,11 @@ def test_conftests_fixtures_share_only_in_a_mutants_session_outside_data(tmp_pat
     (tmp_path / session_data.BUILT_BY).mkdir()
     (tmp_path / session_data.BUILT_BY / "m.py").write_text("x = 1\n")
     builds = _Builds()
-
-    class Factory:
-        def mktemp(self, name):
-            return Path(tempfile.mkdtemp(prefix=name, dir=tmp_path))
+    factory = types.SimpleNamespace(mktemp=_mktemp_in(tmp_path))
     for mutant, shares in [("", False), ("stats", False), ("alexnet.replica.x_step__mutmut_1", True),
                            ("layers.collectives.x_f__mutmut_2", True), ("data.reader.x_read__mutmut_3", False)]:
         monkeypatch.setenv("MUTANT_UNDER_TEST", mutant)
         before = builds.calls
-        root, _ = conftest._session_data("f", {"a": 1}, Factory(), builds)
+        root, _ = conftest._session_data("f", {"a": 1}, factory, builds)
         assert (root.parent == tmp_path / ".session-data") == shares, mutant
         assert builds.calls == before + (0 if shares and mutant.startswith("layers") else 1), mutant

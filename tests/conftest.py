@@ -242,6 +242,17 @@ def pytest_configure(config):
         signal.signal(signal.SIGINT, signal.default_int_handler)
     if signal.getsignal(signal.SIGHUP) == signal.SIG_IGN:
         signal.signal(signal.SIGHUP, _outlive_the_terminal)
+    if getattr(getattr(config, "option", None), "numprocesses", None) and not hasattr(config, "workerinput"):
+        from tests import rewrite_cache  # xdist's controller: the workers' rewritten test modules, once
+        config.stash[_REWRITING] = rewrite_cache.start(config)
+
+
+_REWRITING = pytest.StashKey()
+
+
+def pytest_unconfigure(config):
+    if (thread := config.stash.get(_REWRITING, None)) is not None:
+        thread.join()
 
 
 def _outlive_the_terminal(signum, frame) -> None:

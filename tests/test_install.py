@@ -130,6 +130,7 @@ def _imported(paths) -> dict[str, set[str]]:
     return out
 
 
+@pytest.mark.processes  # git ls-files
 def test_every_import_is_installed_by_the_make_target_that_runs_it():
     from importlib.metadata import packages_distributions
     tracked = subprocess.run(["git", "ls-files"], cwd=REPO, capture_output=True, text=True, check=True).stdout

@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import signal
 import sys
+import threading
 
 import pytest
 
@@ -199,3 +200,56 @@ def test_under_xdist_the_tests_of_a_module_fixture_run_on_one_worker_that_makes_
     made = [w for what, w in notes if what == "made"]
     assert len(made) == 1, log.read_text()
     assert {w for what, w in notes if what == "ran"} == set(made), log.read_text()
+
+
+def test_the_rewritten_test_modules_are_cached_once_as_pytest_reads_them(tmp_path, request):
+    """The xdist controller writes pytest's rewritten test modules once (tests/rewrite_cache.py): where
+    Python may not write bytecode, each worker rewrote them all again."""
+    import marshal
+
+    from tests import rewrite_cache
+    (tmp_path / "conftest.py").write_text("X = 1\n")
+    (tmp_path / "test_m.py").write_text("def f():\n    return 1\n\n\ndef test_m():\n    assert f() == 2\n")
+    (tmp_path / "test_broken.py").write_text("def test_(:\n")
+    (tmp_path / "helper.py").write_text("Y = 2\n")
+    (tmp_path / "sub").mkdir()
+    (tmp_path / "sub" / "test_n.py").write_text("def test_n():\n    assert True\n")
+    stand_in = type("Config", (), {"args": [str(tmp_path)], "getini": lambda self, key: ["test_*.py"],
+                                   "invocation_params": type("P", (), {"dir": tmp_path})})()
+    found = rewrite_cache.modules(stand_in)
+    assert found == sorted([tmp_path / "conftest.py", tmp_path / "sub" / "test_n.py", tmp_path / "test_broken.py",
+                            tmp_path / "test_m.py"])
+    stand_in.args = [f"{tmp_path / 'sub' / 'test_n.py'}::test_n"]
+    assert rewrite_cache.modules(stand_in) == [tmp_path / "conftest.py", tmp_path / "sub" / "test_n.py"]
+
+    assert rewrite_cache.written(request.config, found) == [p for p in found if p.name != "test_broken.py"]
+    pyc = tmp_path / "__pycache__" / f"test_m.{sys.implementation.cache_tag}-pytest-{pytest.__version__}.pyc"
+    namespace: dict = {}
+    exec(marshal.loads(pyc.read_bytes()[16:]), namespace)
+    with pytest.raises(AssertionError, match=r"where 1 = f\(\)"):  # pytest's explanation: rewritten
+        namespace["test_m"]()
+    assert rewrite_cache.written(request.config, found) == []  # up to date: read, not written again
+    (tmp_path / "test_m.py").write_text("def test_m():\n    assert 1\n")
+    assert rewrite_cache.written(request.config, found) == [tmp_path / "test_m.py"]
+
+
+def test_only_xdists_controller_writes_the_rewritten_modules(monkeypatch):
+    from tests import conftest, rewrite_cache
+    started = []
+
+    def start(config) -> threading.Thread:
+        started.append(config)
+        thread = threading.Thread(target=lambda: None)
+        thread.start()
+        return thread
+    monkeypatch.setattr(rewrite_cache, "start", start)
+
+    def config(**kw):
+        c = type("Config", (), {"option": type("O", (), {"numprocesses": 2})(), "stash": pytest.Stash(), **kw})()
+        conftest.pytest_configure(c)
+        conftest.pytest_unconfigure(c)
+        return c
+    controller = config()
+    config(workerinput={})
+    config(option=type("O", (), {"numprocesses": None})())
+    assert started == [controller]

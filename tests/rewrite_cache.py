@@ -2,8 +2,8 @@
 
 pytest rewrites each test module's asserts before importing it and keeps the result in __pycache__, but
 only where Python may write bytecode: under PYTHONDONTWRITEBYTECODE=1 (this VM, some CI images) every
-worker parsed, rewrote and compiled all 89 of ours again, 8.7 s of a worker's 16.5 s collection
-(`pytest --collect-only -p no:xdist`: 16.5 s of CPU without the cache, 7.8 s with it). The controller
+worker parsed, rewrote and compiled all 89 of ours again (`pytest --collect-only -p no:xdist`, the project's
+own bytecode compiled: 12.4 s of CPU without that cache, 5.7-5.9 s with it; docs/testing.md). The controller
 writes the cache in a thread while the workers start (they import torch first), so both read it. pytest
 reads its cache whatever that setting says, checks it against the source's size and modification time,
 and replaces it atomically; a module not written yet when a worker reaches it is rewritten there, as

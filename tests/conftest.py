@@ -309,12 +309,14 @@ def _group_by_module_fixtures(items) -> None:
             item.add_marker(pytest.mark.xdist_group(":".join(root(key))))
 
 
-# `make test-fast` (ALEXNET_FAST_TIER=1, -m "not processes and not slow"): a test of that tier that starts a
-# process fails, naming the mark it needs, so the tier stays what it says by construction. Fixtures (the session's
-# preprocessed data) may start processes; a test's own call may not.
+# `make test-fast` (-m "not processes and not slow") leaves out the tests that start processes: a test without
+# those marks that starts one fails, naming the mark it needs, in every run (make test too, so CI catches a
+# missing mark, not only the tier), so the tier stays what it says by construction. Fixtures (the session's
+# preprocessed data) may start processes; a test's own call may not. `gpu` tests run on the GPU machine only
+# (make gpu-check), where the tier is not run.
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_call(item):
-    if not in_fast_tier() or item.get_closest_marker("processes") or item.get_closest_marker("slow"):
+    if any(item.get_closest_marker(mark) for mark in ("processes", "slow", "gpu")):
         yield
         return
     import multiprocessing.process

@@ -253,3 +253,27 @@ def test_only_xdists_controller_writes_the_rewritten_modules(monkeypatch):
     config(workerinput={})
     config(option=type("O", (), {"numprocesses": None})())
     assert started == [controller]
+
+
+@pytest.mark.parametrize("marks, refused", [((), True), (("processes",), False), (("slow",), False),
+                                            (("gpu",), False)])
+@pytest.mark.processes  # `true`, to see the guard let it through
+def test_a_test_that_starts_a_process_needs_the_mark_in_every_run(marks, refused, monkeypatch):
+    """The fast tier's guard holds in make test too (CI), not only under ALEXNET_FAST_TIER."""
+    import subprocess
+
+    from tests import conftest
+    monkeypatch.delenv("ALEXNET_FAST_TIER", raising=False)
+    item = type("Item", (), {"nodeid": "tests/test_x.py::test_x",
+                             "get_closest_marker": lambda self, name: name if name in marks else None})()
+    hook = conftest.pytest_runtest_call(item)
+    next(hook)
+    try:
+        if refused:
+            with pytest.raises(pytest.fail.Exception, match="mark it @pytest.mark.processes"):
+                subprocess.Popen(["true"])
+        else:
+            assert subprocess.Popen(["true"]).wait() == 0
+    finally:
+        hook.close()
+    assert subprocess.Popen(["true"]).wait() == 0  # put back

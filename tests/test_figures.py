@@ -186,6 +186,39 @@ def fc7_by_hand(model, data: SplitData, indices, crop: int) -> np.ndarray:
         return torch.relu(model.classifier.fc7(h)).numpy().astype(np.float64)
 
 
+def center_crops_by_hand(data: SplitData, indices, crop: int) -> np.ndarray:
+    images, _ = data.read(np.asarray(indices))
+    o = (data.image_size - crop) // 2
+    return images[:, o:o + crop, o:o + crop].astype(np.int64)
+
+
+FRAME_RGB = {"query": (214, 39, 40), "same": (44, 160, 44), "other": (128, 128, 128)}  # tab:red, tab:green, 0.5
+
+
+def assert_neighbours_drawn(png_path, record: dict, train: SplitData, val: SplitData, crop: int) -> None:
+    """Each query's row: the query's center crop in its box (neighbours.json's), then each neighbour's, pixel
+    for pixel, left to right; each box framed red (the query), green (the query's class) or grey."""
+    png = read_png(png_path)
+    tops = []
+    for q, shown in zip(record["queries"], center_crops_by_hand(val, [q["index"] for q in record["queries"]], crop)):
+        near = q["neighbours"]
+        cells = [(q["box"], shown, "query")] + [
+            (n["box"], image, "same" if n["label"] == q["label"] else "other")
+            for n, image in zip(near, center_crops_by_hand(train, [n["index"] for n in near], crop))]
+        lefts = [box["left"] for box, _, _ in cells]
+        assert lefts == sorted(lefts) and len({box["top"] for box, _, _ in cells}) == 1
+        tops.append(q["box"]["top"])
+        for box, image, kind in cells:
+            t, left, size = box["top"], box["left"], box["size"]
+            assert size == crop
+            np.testing.assert_array_equal(png[t:t + size, left:left + size], image, err_msg=str(box))
+            ring = np.ones((size + 6, size + 6), bool)  # the 3-pixel frame around the image
+            ring[3:-3, 3:-3] = False
+            assert (png[t - 3:t + size + 3, left - 3:left + size + 3][ring] == FRAME_RGB[kind]).all(), (box, kind)
+            assert (png[t - 4, left - 4:left + size + 4] == 255).all()  # the background beyond it: white
+    assert all(b - a > crop for a, b in zip(tops, tops[1:]))  # a row per query, top to bottom
+
+
 def test_neighbours_equal_a_brute_force_ranking_and_are_cached(demo, data, figures, tmp_path, capsys):
     weights, out = demo / "checkpoints" / "best.pt", tmp_path / "fig"
     args = ["--weights", str(weights), "--data", str(data), "--out", str(out), "--only", "neighbours",
@@ -204,6 +237,8 @@ def test_neighbours_equal_a_brute_force_ranking_and_are_cached(demo, data, figur
         assert [n["index"] for n in q["neighbours"]] == order.tolist()
         np.testing.assert_allclose([n["distance"] for n in q["neighbours"]], dist[order], rtol=1e-4)
         assert [n["label"] for n in q["neighbours"]] == train.read(order)[1].tolist()
+    assert_neighbours_drawn(out / "neighbours.png", record, train, val, info["crop"])
+    assert {n["label"] == q["label"] for q in record["queries"] for n in q["neighbours"]} == {True, False}
 
     capsys.readouterr()
     assert figures(args) == 0  # the same inputs: the cached features

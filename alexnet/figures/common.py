@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import NamedTuple
 
 import matplotlib
 
@@ -20,6 +21,14 @@ DPI = 100  # figures sized in pixels are drawn at this resolution, so 1 figure p
 # Written into every figure's PNG (its Software text chunk): how a later run knows the file as its own
 # (data.domains.OutputPath's known=) and replaces it, and refuses a file of the same name that it is not.
 MARK = "alexnet alexnet/figures"
+
+
+class Box(NamedTuple):
+    """Where a square picture lies in a composed PNG (pixels, from the top left): a kernel, an image."""
+
+    top: int
+    left: int
+    size: int
 
 
 def save_png(fig: Figure, out: str | os.PathLike, dpi: int = DPI) -> Path:

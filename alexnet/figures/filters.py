@@ -11,14 +11,13 @@ The picture is composed pixel by pixel: every kernel pixel is a SCALE x SCALE bl
 from __future__ import annotations
 
 import os
-from typing import NamedTuple
 
 import matplotlib.pyplot as plt
 import numpy as np
 from torch import nn
 
 from ..model_parallel import COLUMN_ARCHS
-from .common import DPI, read_entries, save_png
+from .common import DPI, Box, read_entries, save_png
 
 SCALE = 4  # PNG pixels per kernel pixel
 GAP = 2  # between kernels
@@ -29,14 +28,6 @@ LABEL_H = 18  # a group's label band above its kernels
 GROUP_GAP = 10  # between two groups
 PER_ROW = 16  # kernels per row, as the paper's figure
 BACKGROUND = 255
-
-
-class Box(NamedTuple):
-    """Where a kernel's cell lies in the PNG (pixels, from the top left)."""
-
-    top: int
-    left: int
-    size: int
 
 
 def conv1_weight(model: nn.Module) -> np.ndarray:

@@ -117,7 +117,10 @@ def _neighbours(weights, prep: Prepared, out: Path, opts: FigureOptions, labels:
     title = (f"{subject(weights, prep.info)}: validation images (left) and the {m} training images nearest in "
              f"fc7 features, among {len(subset)} of {len(train)}")
     png = out / "neighbours.png"
-    neighbours.draw_neighbours(records, shown, found, title, png)
+    for rec, row in zip(records, neighbours.draw_neighbours(records, shown, found, title, png)):
+        rec["box"] = row[0]._asdict()
+        for near, box in zip(rec["neighbours"], row[1:]):
+            near["box"] = box._asdict()
     record = {"title": title, "layer": "fc7", "train_images": len(subset), "seed": opts.seed,
               "features_cached": cached, "queries": records}
     return {**_with_json(out / "neighbours.json", record), "png": str(png), "cached": cached}

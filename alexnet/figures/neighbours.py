@@ -26,10 +26,19 @@ from data.fsutil import commit, remove_stale_temps, temp_path
 from data.reader import SplitData
 
 from ..evaluation import Prepared, read_names
-from .common import center_crop, save_png
+from .common import DPI, Box, center_crop, save_png
 
 QUERY_STREAM, TRAIN_STREAM = 2, 3  # seeded_choice streams of the queries and of the training subset
 _CACHE_VERSION = 1  # bump when the features' definition changes
+FRAME = 3  # the coloured frame around each image (pixels)
+GAP = 8  # between two framed images
+MARGIN = 12  # around everything
+TITLE_H = 40  # the title band: two lines of text
+LABEL_H = 22  # above each image: two lines of 6-point text
+MIN_WIDTH = 560  # wide enough for the title in two lines
+BACKGROUND = 255
+# matplotlib's tab:red and tab:green, as the labels' colours; a neighbour of another class in grey
+QUERY_RGB, SAME_RGB, OTHER_RGB = (214, 39, 40), (44, 160, 44), (128, 128, 128)
 
 
 def last_hidden(model: nn.Module, x: torch.Tensor) -> torch.Tensor:
@@ -134,26 +143,50 @@ def neighbour_records(prep: Prepared, train: SplitData, subset: np.ndarray, trai
     return records, center_crop(q_images, crop), shown
 
 
+def neighbour_layout(rows: int, cols: int, crop: int) -> tuple[list[list[Box]], int, int]:
+    """Each image's box, a row per query (the query, then its neighbours), and the PNG's width and
+    height: every image at its own pixels inside a FRAME-wide frame, its two-line label above."""
+    outer = crop + 2 * FRAME
+    row_h = LABEL_H + outer
+    boxes = [[Box(TITLE_H + r * (row_h + GAP) + LABEL_H + FRAME, MARGIN + c * (outer + GAP) + FRAME, crop)
+              for c in range(cols)] for r in range(rows)]
+    width = max(MIN_WIDTH, 2 * MARGIN + cols * outer + (cols - 1) * GAP)
+    return boxes, width, TITLE_H + rows * row_h + (rows - 1) * GAP + MARGIN
+
+
+def frame_colours(records: list[dict]) -> list[list[tuple[int, int, int]]]:
+    """Each row's frames: the query's red, a neighbour's green where its class is the query's, else grey."""
+    return [[QUERY_RGB] + [SAME_RGB if n["label"] == rec["label"] else OTHER_RGB for n in rec["neighbours"]]
+            for rec in records]
+
+
+def compose(records: list[dict], queries: np.ndarray, found: np.ndarray) -> tuple[np.ndarray, list[list[Box]]]:
+    """The H x W x 3 uint8 picture (without text) and each image's box, row by row."""
+    boxes, width, height = neighbour_layout(len(records), 1 + found.shape[1], queries.shape[1])
+    canvas = np.full((height, width, 3), BACKGROUND, np.uint8)
+    for q, row_images, row, colours in zip(queries, found, boxes, frame_colours(records)):
+        for box, image, colour in zip(row, [q, *row_images], colours):
+            canvas[box.top - FRAME:box.top + box.size + FRAME, box.left - FRAME:box.left + box.size + FRAME] = colour
+            canvas[box.top:box.top + box.size, box.left:box.left + box.size] = image
+    return canvas, boxes
+
+
 def draw_neighbours(records: list[dict], queries: np.ndarray, found: np.ndarray, title: str,
-                    out: str | os.PathLike) -> None:
-    """Write neighbours.png: a row per query, the query (red frame) then its neighbours, nearest first."""
-    rows, cols = len(records), 1 + found.shape[1]
-    fig, axes = plt.subplots(rows, cols, figsize=(1.35 * cols, 1.55 * rows + 0.5), squeeze=False)
-    for rec, q, row_images, row in zip(records, queries, found, axes):
-        _cell(row[0], q, f"{rec['label_name'][:16]}\n(query)", "tab:red")
-        for ax, image, near in zip(row[1:], row_images, rec["neighbours"]):
-            same = near["label"] == rec["label"]
-            _cell(ax, image, f"{near['label_name'][:16]}\nd={near['distance']:.3g}", "tab:green" if same else "0.5")
-    fig.suptitle(title, fontsize=9)
-    fig.tight_layout()
+                    out: str | os.PathLike) -> list[list[Box]]:
+    """Write neighbours.png: a row per query, the query (red frame) then its neighbours, nearest first, each
+    image at its own pixels (composed, not resampled: one figure without axes draws fast for many
+    images); returns each image's box, row by row."""
+    canvas, boxes = compose(records, queries, found)
+    height, width = canvas.shape[:2]
+    fig = plt.figure(figsize=(width / DPI, height / DPI), dpi=DPI)
+    fig.figimage(canvas, 0, 0, origin="upper")  # 1 canvas pixel = 1 PNG pixel
+    fig.text(MARGIN / width, 1 - 6 / height, title, ha="left", va="top", fontsize=8, wrap=True)
+    for rec, row in zip(records, boxes):
+        texts = [f"{rec['label_name'][:16]}\n(query)"] + [f"{n['label_name'][:16]}\nd={n['distance']:.3g}"
+                                                         for n in rec["neighbours"]]
+        colours = ["tab:red"] + ["tab:green" if n["label"] == rec["label"] else "black" for n in rec["neighbours"]]
+        for box, text, colour in zip(row, texts, colours):
+            fig.text(box.left / width, 1 - (box.top - FRAME - 2) / height, text, ha="left", va="bottom",
+                     fontsize=6, color=colour)
     save_png(fig, out)
-
-
-def _cell(ax, image: np.ndarray, text: str, frame: str) -> None:
-    ax.imshow(image, interpolation="nearest")
-    ax.set_xticks([])
-    ax.set_yticks([])
-    for spine in ax.spines.values():
-        spine.set_color(frame)
-        spine.set_linewidth(2)
-    ax.set_title(text, fontsize=6, color=frame if frame != "0.5" else "black")
+    return boxes

@@ -105,19 +105,22 @@ def side_after(crop: int) -> int:
 
 
 def random_blobs(channels: tuple[int, ...], hidden: int, classes: int, crop: int, seed: int) -> dict[str, list]:
-    """Weights (He-scaled, so activations keep their size) and biases of every conv and fc layer."""
+    """Weights (He-scaled, so activations keep their size) and biases of every conv and fc layer: uniform,
+    which numpy draws five times as fast as normal (a full-size net has 61 million)."""
     rng = np.random.default_rng(seed)
+
+    def he(shape: tuple, fan_in: int) -> np.ndarray:  # variance 2 / fan_in, as He's normal
+        return (rng.random(shape, np.float32) - np.float32(0.5)) * np.float32(2 * math.sqrt(6 / fan_in))
+
     out, prev = {}, 3
     for i, c in enumerate(channels, 1):
         k, _, _, g = CONV[i]
-        fan_in = prev // g * k * k
-        out[f"conv{i}"] = [rng.standard_normal((c, prev // g, k, k), np.float32) * np.float32(math.sqrt(2 / fan_in)),
+        out[f"conv{i}"] = [he((c, prev // g, k, k), prev // g * k * k),
                            rng.standard_normal(c, np.float32) * np.float32(0.1)]
         prev = c
     inputs = prev * side_after(crop) ** 2
     for name, n in (("fc6", hidden), ("fc7", hidden), ("fc8", classes)):
-        out[name] = [rng.standard_normal((n, inputs), np.float32) * np.float32(math.sqrt(2 / inputs)),
-                     rng.standard_normal(n, np.float32) * np.float32(0.1)]
+        out[name] = [he((n, inputs), inputs), rng.standard_normal(n, np.float32) * np.float32(0.1)]
         inputs = n
     return out
 
@@ -142,16 +145,16 @@ def caffemodel(arch: str, version: str, blobs: dict, train_val: bool = False, pa
     """A NetParameter as Caffe writes it (layers with their parameters and blobs); `train_val`: also the
     data, split, loss and accuracy layers of a training net, as the released files hold. params(name, kind,
     blobs): each layer's parameter message (default: BVLC's)."""
-    out = pb_str(1, "AlexNet" if arch == "alexnet" else "CaffeNet")
+    out = [pb_str(1, "AlexNet" if arch == "alexnet" else "CaffeNet")]  # joined once: a full-size net is 244 MB
     if train_val:
-        out += layer(version, "data", "Data", "", "data") + layer(version, "label_split", "Split", "label", "l1")
+        out += [layer(version, "data", "Data", "", "data"), layer(version, "label_split", "Split", "label", "l1")]
     bottom = "data"
     for name, kind in bvlc_sequence(arch):
-        out += layer(version, name, kind, bottom, name, tuple(blobs.get(name, ())), params(name, kind, blobs))
+        out.append(layer(version, name, kind, bottom, name, tuple(blobs.get(name, ())), params(name, kind, blobs)))
         bottom = name
     if train_val:
-        out += layer(version, "loss", "SoftmaxWithLoss", "fc8", "loss") + layer(version, "acc", "Accuracy", "fc8", "a")
-    return out
+        out += [layer(version, "loss", "SoftmaxWithLoss", "fc8", "loss"), layer(version, "acc", "Accuracy", "fc8", "a")]
+    return b"".join(out)
 
 
 def prototxt(arch: str, blobs: dict, crop: int) -> str:

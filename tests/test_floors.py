@@ -12,6 +12,7 @@ with the circle's modules and the imports that close it.
 from __future__ import annotations
 
 import ast
+import functools
 from pathlib import Path
 
 from tests.conftest import REPO
@@ -33,6 +34,12 @@ def _package(path: Path, repo: Path) -> str:
 def _imports(path: Path, repo: Path = REPO) -> list[tuple[int, str, list[str]]]:
     """(line, absolute module name, names imported from it) of every import in `path`, relative ones
     resolved; `import a.b` gives ('a.b', [])."""
+    stat = path.stat()  # the file as it is now: a planted module of a test is parsed anew
+    return _parsed_imports(path, repo, stat.st_mtime_ns, stat.st_size)
+
+
+@functools.cache  # the walks of the repository parse each module once, not once per test
+def _parsed_imports(path: Path, repo: Path, _mtime_ns: int, _size: int) -> list[tuple[int, str, list[str]]]:
     package = _package(path, repo)
     found = []
     for node in ast.walk(ast.parse(path.read_text(), str(path))):

@@ -3,6 +3,7 @@ how the suite runs: on two pytest-xdist workers when it is installed, the longes
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import os
 import shutil
@@ -176,6 +177,31 @@ FAST_TIER = "ALEXNET_FAST_TIER"  # set by `make test-fast`
 def in_fast_tier() -> bool:
     """Whether this is `make test-fast`: generated cases are sampled there; the suite runs them all."""
     return bool(os.environ.get(FAST_TIER))
+
+
+def settings_of(case) -> set[tuple]:
+    """The (where, value) pairs a named case sets: a dict's items, a dataclass's fields, a tuple's parts."""
+    if isinstance(case, dict):
+        return {(k, repr(v)) for k, v in case.items()}
+    if dataclasses.is_dataclass(case):
+        return settings_of(dataclasses.asdict(case))
+    if isinstance(case, tuple):
+        return {(i, *pair) for i, part in enumerate(case) for pair in settings_of(part)}
+    return {((), repr(case))}
+
+
+def tier_cases(cases: dict) -> list[str]:
+    """The names of the named cases a test runs: all of them in the suite (and under mutmut); in the fast
+    tier the fewest, chosen greedily in the cases' order, whose settings together take every value that any
+    case sets, so each setting still runs in the edit loop (a new case with a new setting joins it)."""
+    if not in_fast_tier():
+        return list(cases)
+    left, chosen = set().union(*map(settings_of, cases.values())), []
+    while left:
+        best = max(cases, key=lambda name: len(settings_of(cases[name]) & left))  # the first of the best
+        chosen.append(best)
+        left -= settings_of(cases[best])
+    return [name for name in cases if name in chosen]
 
 
 def tiny_overrides(data_root: Path, run_dir: Path, **extra) -> list[str]:

@@ -30,7 +30,7 @@ from alexnet.models import build_model
 from alexnet.replica import Replica
 from alexnet.simulate import run_ranks
 from layers import TorchComm
-from tests.conftest import examples
+from tests.conftest import examples, tier_cases
 from tests.ranks import REAL_GROUP, mesh
 
 CLASSES = 4
@@ -275,7 +275,7 @@ NAMED = {
 }
 
 
-@pytest.mark.parametrize("name", list(NAMED))
+@pytest.mark.parametrize("name", tier_cases(NAMED))
 def test_named_layouts_train_as_one_process(name):
     layout = NAMED[name]
     batches = global_batches(layout, 3)
@@ -363,7 +363,7 @@ RESUMES = {  # (first, then), each with a global batch of 8
 }
 
 
-@pytest.mark.parametrize("name", list(RESUMES))
+@pytest.mark.parametrize("name", tier_cases(RESUMES))
 def test_a_checkpoint_of_any_layout_resumes_in_any_other(name):
     """Two steps in one layout, its checkpoint's state loaded into another (every per-parameter state tensor
     sliced or assembled: velocities, Adam's moments, batch norm's statistics), two more steps there: one

@@ -18,7 +18,7 @@ from alexnet import simulate
 from alexnet.checkpoint import compare_checkpoints, load
 from alexnet.config import load_config
 from alexnet.metrics import read_metrics
-from tests.conftest import load_script, tiny_overrides
+from tests.conftest import load_script, tier_cases, tiny_overrides
 from tests.test_parallel import DETERMINISTIC, rel_diff
 from tests.test_parallel import train as one_process
 
@@ -89,7 +89,7 @@ LAYOUTS = {
 }
 
 
-@pytest.mark.parametrize("name", list(LAYOUTS))
+@pytest.mark.parametrize("name", tier_cases(LAYOUTS))
 def test_layout_trains_like_one_process(train_data, tmp_path, single, name):
     """2 epochs, validation included: weights and velocities within 1e-5 of one process with the global
     batch, and the same metrics records (reduced over the ranks: every image counted once)."""

@@ -143,6 +143,32 @@ def test_the_suite_draws_every_example():
     assert examples(25) == (5 if in_fast_tier() else 25)
 
 
+def test_the_fast_tier_runs_a_cover_of_the_named_cases_and_the_suite_all(monkeypatch):
+    """In the tier: the fewest named cases, greedily in order, that together set every value any case sets
+    (worked by hand below); in the suite, every case in order. Dicts, dataclasses and tuples of them."""
+    from dataclasses import dataclass
+
+    from tests.conftest import FAST_TIER, tier_cases
+
+    @dataclass
+    class L:
+        replicas: int = 1
+        mode: str = "fc"
+
+    cases = {"a": {"r": 2}, "b": {"r": 2, "m": "fc"}, "c": {"r": 4, "m": "fc"}, "d": {"r": 4, "m": "columns"},
+             "e": {"m": "fc"}}
+    monkeypatch.delenv(FAST_TIER, raising=False)
+    assert tier_cases(cases) == list("abcde")
+    monkeypatch.setenv(FAST_TIER, "1")
+    # the values: r=2, r=4, m=fc, m=columns. b (r=2, fc) then d (r=4, columns) take all four: a, c, e not run
+    assert tier_cases(cases) == ["b", "d"]
+    assert tier_cases({"x": L(), "y": L(replicas=2), "z": L(2, "columns")}) == ["x", "z"]
+    # a pair's sides are told apart: the same layouts swapped are another case
+    pairs = {"p": (L(), L(2)), "q": (L(2), L()), "s": (L(), L())}
+    assert tier_cases(pairs) == ["p", "q"]
+    assert tier_cases({"only": {"r": 1}}) == ["only"]
+
+
 @pytest.mark.processes
 def test_a_mutant_forked_from_mutmuts_warm_server_gets_the_mutants_settings(tmp_path):
     """mutmut imports the tests once in a fork server, with no mutant set, and forks each mutant's session

@@ -61,6 +61,8 @@ test: setup
 
 # The edit loop's tier (<= 60 s on 2 cores): every test that starts no process and is not slow (pytest.ini's
 # markers); a test of this tier that starts a process fails, naming the mark it needs (tests/conftest.py).
+# There Hypothesis draws a fifth of its examples and a test of named layouts runs a cover of them (every
+# setting any of them takes, conftest.tier_cases); make test runs them all.
 test-fast: setup
 	$(PYTHON) -m pip install -q -r requirements-dev.txt $(PIN)
 	$(COMPILE)

@@ -39,6 +39,7 @@ MIN_WIDTH = 560  # wide enough for the title in two lines
 BACKGROUND = 255
 # matplotlib's tab:red and tab:green, as the labels' colours; a neighbour of another class in grey
 QUERY_RGB, SAME_RGB, OTHER_RGB = (214, 39, 40), (44, 160, 44), (128, 128, 128)
+TEXT_COLOUR = {QUERY_RGB: "tab:red", SAME_RGB: "tab:green", OTHER_RGB: "black"}  # each label's, by its frame
 
 
 def last_hidden(model: nn.Module, x: torch.Tensor) -> torch.Tensor:
@@ -181,12 +182,11 @@ def draw_neighbours(records: list[dict], queries: np.ndarray, found: np.ndarray,
     fig = plt.figure(figsize=(width / DPI, height / DPI), dpi=DPI)
     fig.figimage(canvas, 0, 0, origin="upper")  # 1 canvas pixel = 1 PNG pixel
     fig.text(MARGIN / width, 1 - 6 / height, title, ha="left", va="top", fontsize=8, wrap=True)
-    for rec, row in zip(records, boxes):
+    for rec, row, colours in zip(records, boxes, frame_colours(records)):
         texts = [f"{rec['label_name'][:16]}\n(query)"] + [f"{n['label_name'][:16]}\nd={n['distance']:.3g}"
                                                          for n in rec["neighbours"]]
-        colours = ["tab:red"] + ["tab:green" if n["label"] == rec["label"] else "black" for n in rec["neighbours"]]
         for box, text, colour in zip(row, texts, colours):
             fig.text(box.left / width, 1 - (box.top - FRAME - 2) / height, text, ha="left", va="bottom",
-                     fontsize=6, color=colour)
+                     fontsize=6, color=TEXT_COLOUR[colour])
     save_png(fig, out)
     return boxes

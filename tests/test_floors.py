@@ -11,11 +11,10 @@ with the circle's modules and the imports that close it.
 """
 from __future__ import annotations
 
-import ast
-import functools
 from pathlib import Path
 
 from tests.conftest import REPO
+from tests.imports import imports as _imports
 
 FLOORS = {"data": 0, "layers": 0, "alexnet": 1, "scripts": 2, "tools": 2, "train": 2}
 # Users' scripts do not depend on developer tools (tools may use scripts, both may use the library).
@@ -25,35 +24,6 @@ ROOTS = ("", "scripts", "tools")
 # Within alexnet/, the modules below the training loop: none of them may import the trainer.
 BELOW_TRAINER = ("alexnet/evaluation.py", "alexnet/precision.py", "alexnet/checkpoint.py", "alexnet/models.py",
                  "alexnet/config.py", "alexnet/weights", "alexnet/figures")
-
-
-def _package(path: Path, repo: Path) -> str:
-    return ".".join(path.relative_to(repo).with_suffix("").parts[:-1])
-
-
-def _imports(path: Path, repo: Path = REPO) -> list[tuple[int, str, list[str]]]:
-    """(line, absolute module name, names imported from it) of every import in `path`, relative ones
-    resolved; `import a.b` gives ('a.b', [])."""
-    stat = path.stat()  # the file as it is now: a planted module of a test is parsed anew
-    return _parsed_imports(path, repo, stat.st_mtime_ns, stat.st_size)
-
-
-@functools.cache  # the walks of the repository parse each module once, not once per test
-def _parsed_imports(path: Path, repo: Path, _mtime_ns: int, _size: int) -> list[tuple[int, str, list[str]]]:
-    package = _package(path, repo)
-    found = []
-    for node in ast.walk(ast.parse(path.read_text(), str(path))):
-        if isinstance(node, ast.Import):
-            found += [(node.lineno, a.name, []) for a in node.names]
-        elif isinstance(node, ast.ImportFrom):
-            if node.level:
-                parts = package.split(".") if package else []
-                base = parts[: len(parts) - node.level + 1]
-                name = ".".join([*base, node.module] if node.module else base)
-            else:
-                name = node.module or ""
-            found.append((node.lineno, name, [a.name for a in node.names]))
-    return found
 
 
 def _module_file(name: str, repo: Path) -> Path | None:

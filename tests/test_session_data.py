@@ -3,7 +3,6 @@ mutants outside data/, found as it was left or made again; a mutant of data/ and
 their own."""
 from __future__ import annotations
 
-import ast
 import concurrent.futures
 import json
 import tempfile
@@ -13,6 +12,7 @@ from pathlib import Path
 
 from tests import session_data
 from tests.conftest import REPO
+from tests.imports import imports
 
 
 def test_the_data_package_imports_nothing_of_the_code_it_is_tested_with():
@@ -23,10 +23,8 @@ def test_the_data_package_imports_nothing_of_the_code_it_is_tested_with():
     assert {"alexnet", "layers", "tests", "scripts", "tools"} <= others
     found = []
     for path in sorted((REPO / session_data.BUILT_BY).rglob("*.py")):
-        for node in ast.walk(ast.parse(path.read_text(), str(path))):
-            names = ([a.name for a in node.names] if isinstance(node, ast.Import)
-                     else [node.module or ""] if isinstance(node, ast.ImportFrom) and not node.level else [])
-            found += [f"{path.relative_to(REPO)}: {n}" for n in names if n.split(".")[0] in others]
+        found += [f"{path.relative_to(REPO)}:{line}: {name}" for line, name, _ in imports(path)
+                  if name.split(".")[0] in others]
     assert not found, found
 
 

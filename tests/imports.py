@@ -1,0 +1,39 @@
+"""Every import of a Python file, read with `ast` (top-level or inside a function; relative ones resolved
+against the file's package), for the tests that walk the repository's imports (test_floors, test_session_data).
+"""
+from __future__ import annotations
+
+import ast
+import functools
+from pathlib import Path
+
+from tests.conftest import REPO
+
+
+def _package(path: Path, repo: Path) -> str:
+    return ".".join(path.relative_to(repo).with_suffix("").parts[:-1])
+
+
+def imports(path: Path, repo: Path = REPO) -> list[tuple[int, str, list[str]]]:
+    """(line, absolute module name, names imported from it) of every import in `path`, relative ones
+    resolved; `import a.b` gives ('a.b', [])."""
+    stat = path.stat()  # the file as it is now: a planted module of a test is parsed anew
+    return _parsed_imports(path, repo, stat.st_mtime_ns, stat.st_size)
+
+
+@functools.cache  # the walks of the repository parse each module once, not once per test
+def _parsed_imports(path: Path, repo: Path, _mtime_ns: int, _size: int) -> list[tuple[int, str, list[str]]]:
+    package = _package(path, repo)
+    found = []
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            found += [(node.lineno, a.name, []) for a in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                parts = package.split(".") if package else []
+                base = parts[: len(parts) - node.level + 1]
+                name = ".".join([*base, node.module] if node.module else base)
+            else:
+                name = node.module or ""
+            found.append((node.lineno, name, [a.name for a in node.names]))
+    return found

@@ -19,6 +19,7 @@ from PIL import Image
 from alexnet.checkpoint import load
 from alexnet.evaluation import load_weights
 from alexnet.figures.filters import draw_filters
+from alexnet.figures.neighbours import MIN_WIDTH
 from alexnet.figures.predictions import draw_predictions
 from data.reader import SplitData
 from tests import figure_runs
@@ -217,6 +218,15 @@ def assert_neighbours_drawn(png_path, record: dict, train: SplitData, val: Split
             assert (png[t - 3:t + size + 3, left - 3:left + size + 3][ring] == FRAME_RGB[kind]).all(), (box, kind)
             assert (png[t - 4, left - 4:left + size + 4] == 255).all()  # the background beyond it: white
     assert all(b - a > crop for a, b in zip(tops, tops[1:]))  # a row per query, top to bottom
+    # White margins, the same on the left, the right and the bottom (the right one wider only where the figure
+    # was widened for its title); nothing cut off, nothing but margin beyond the frames
+    boxes = [q["box"] for q in record["queries"]] + [n["box"] for q in record["queries"] for n in q["neighbours"]]
+    left = min(b["left"] for b in boxes) - 3
+    right = png.shape[1] - max(b["left"] + b["size"] for b in boxes) - 3
+    bottom = png.shape[0] - max(b["top"] + b["size"] for b in boxes) - 3
+    assert left > 0 and bottom == left and (right == left or (right > left and png.shape[1] == MIN_WIDTH))
+    assert (png[-bottom:] == 255).all()
+    assert all((png[t - 3:t + crop + 3, -right:] == 255).all() for t in tops)  # beside each row of frames
 
 
 def test_neighbours_equal_a_brute_force_ranking_and_are_cached(demo, data, figures, tmp_path, capsys):
@@ -270,9 +280,14 @@ def test_a_training_subset_is_seeded(demo, data, figures, tmp_path):
     for seed, name in ((0, "a"), (0, "b"), (1, "c")):
         assert figures([*common, "--out", str(tmp_path / name), "--seed", str(seed)]) == 0
         record = json.loads((tmp_path / name / "neighbours.json").read_text())
-        assert record["train_images"] == 15
+        assert record["train_images"] == 15 and record["seed"] == seed and record["layer"] == "fc7"
         found.append({n["index"] for q in record["queries"] for n in q["neighbours"]})
     assert len(found[0]) == 15 and found[0] == found[1] and found[0] != found[2]
+    # 16 images a row: wider than the title needs, so every margin is the same
+    crop = load_weights(demo / "checkpoints" / "best.pt")[1]["crop"]
+    assert (1 + 15) * crop > MIN_WIDTH
+    assert_neighbours_drawn(tmp_path / "c" / "neighbours.png", record, SplitData(data, "train"), SplitData(data, "val"),
+                            crop)
 
 
 @pytest.mark.processes

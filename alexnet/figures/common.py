@@ -31,6 +31,16 @@ class Box(NamedTuple):
     size: int
 
 
+def canvas_figure(canvas: np.ndarray, title: str, margin: int) -> Figure:
+    """A figure of exactly `canvas`'s pixels (placed with figimage: 1 canvas pixel = 1 PNG pixel, no
+    resampling, so a test reads the picture back) with `title` at its top left, `margin` pixels in."""
+    height, width = canvas.shape[:2]
+    fig = plt.figure(figsize=(width / DPI, height / DPI), dpi=DPI)
+    fig.figimage(canvas, 0, 0, origin="upper")
+    fig.text(margin / width, 1 - 6 / height, title, ha="left", va="top", fontsize=8, wrap=True)
+    return fig
+
+
 def save_png(fig: Figure, out: str | os.PathLike, dpi: int = DPI) -> Path:
     """Write `fig` to `out` atomically (a temporary file renamed) and close it; the temporaries that killed
     writers left in its folder go first."""

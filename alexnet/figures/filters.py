@@ -12,12 +12,11 @@ from __future__ import annotations
 
 import os
 
-import matplotlib.pyplot as plt
 import numpy as np
 from torch import nn
 
 from ..model_parallel import COLUMN_ARCHS
-from .common import DPI, Box, read_entries, save_png
+from .common import Box, canvas_figure, read_entries, save_png
 
 SCALE = 4  # PNG pixels per kernel pixel
 GAP = 2  # between kernels
@@ -100,9 +99,7 @@ def draw_filters(weight: np.ndarray, groups: int, title: str, out: str | os.Path
     """Write filters.png: the composed kernels under `title`, each group labelled; returns the boxes."""
     canvas, boxes = compose(weight, groups)
     height, width = canvas.shape[:2]
-    fig = plt.figure(figsize=(width / DPI, height / DPI), dpi=DPI)
-    fig.figimage(canvas, 0, 0, origin="upper")  # 1 canvas pixel = 1 PNG pixel: no resampling
-    fig.text(MARGIN / width, 1 - 6 / height, title, ha="left", va="top", fontsize=8, wrap=True)
+    fig = canvas_figure(canvas, title, MARGIN)
     per_group = len(boxes) // groups
     for g in range(groups):
         first = boxes[g * per_group]

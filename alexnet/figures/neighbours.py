@@ -15,7 +15,6 @@ import os
 import sys
 from pathlib import Path
 
-import matplotlib.pyplot as plt
 import numpy as np
 import torch
 from torch import nn
@@ -26,7 +25,7 @@ from data.fsutil import commit, remove_stale_temps, temp_path
 from data.reader import SplitData
 
 from ..evaluation import Prepared, read_names
-from .common import DPI, Box, center_crop, save_png
+from .common import Box, canvas_figure, center_crop, save_png
 
 QUERY_STREAM, TRAIN_STREAM = 2, 3  # seeded_choice streams of the queries and of the training subset
 _CACHE_VERSION = 1  # bump when the features' definition changes
@@ -179,9 +178,7 @@ def draw_neighbours(records: list[dict], queries: np.ndarray, found: np.ndarray,
     images); returns each image's box, row by row."""
     canvas, boxes = compose(records, queries, found)
     height, width = canvas.shape[:2]
-    fig = plt.figure(figsize=(width / DPI, height / DPI), dpi=DPI)
-    fig.figimage(canvas, 0, 0, origin="upper")  # 1 canvas pixel = 1 PNG pixel
-    fig.text(MARGIN / width, 1 - 6 / height, title, ha="left", va="top", fontsize=8, wrap=True)
+    fig = canvas_figure(canvas, title, MARGIN)
     for rec, row, colours in zip(records, boxes, frame_colours(records)):
         texts = [f"{rec['label_name'][:16]}\n(query)"] + [f"{n['label_name'][:16]}\nd={n['distance']:.3g}"
                                                          for n in rec["neighbours"]]

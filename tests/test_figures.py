@@ -18,6 +18,7 @@ from PIL import Image
 
 from alexnet.checkpoint import load
 from alexnet.evaluation import load_weights
+from alexnet.figures.filters import MIN_WIDTH as FILTERS_MIN_WIDTH
 from alexnet.figures.filters import draw_filters
 from alexnet.figures.neighbours import MIN_WIDTH
 from alexnet.figures.predictions import draw_predictions
@@ -49,7 +50,20 @@ def columns(tmp_path_factory):
 def expected_colours(kernel: np.ndarray) -> np.ndarray:
     """3 x k x k -> k x k x 3 uint8, the kernel's own min at 0 and max at 255."""
     k = kernel.astype(np.float64)
+    if k.max() == k.min():  # a constant kernel: mid grey
+        return np.full(k.shape[1:] + (3,), 128.0)
     return np.round((k - k.min()) / (k.max() - k.min()) * 255).transpose(1, 2, 0)
+
+
+def assert_even_margins(png: np.ndarray, boxes: list[dict], min_width: int, frame: int = 0) -> None:
+    """White margins around the boxes (and their frames), the same on the left, the right and the bottom (the
+    right one wider only where the figure was widened to `min_width` for its title): nothing cut off, nothing
+    but white beyond the pictures."""
+    left = min(b["left"] for b in boxes) - frame
+    right = png.shape[1] - max(b["left"] + b["size"] for b in boxes) - frame
+    bottom = png.shape[0] - max(b["top"] + b["size"] for b in boxes) - frame
+    assert left > 0 and bottom == left and (right == left or (right > left and png.shape[1] == min_width))
+    assert (png[-bottom:] == 255).all() and (png[min(b["top"] for b in boxes) - frame:, -right:] == 255).all()
 
 
 def with_kernels(src, dst, seed: int) -> np.ndarray:
@@ -85,6 +99,7 @@ def assert_boxes_show(png_path, boxes: list[dict], kernels: np.ndarray, groups: 
         for a, b in zip(mine, mine[1:]):  # reading order: right on the same row, or down to a new row
             assert (b["top"] == a["top"] and b["left"] > a["left"] + a["size"]) or (
                 b["top"] > a["top"] + a["size"] and b["left"] <= mine[0]["left"]), (a, b)
+    assert_even_margins(png, boxes, FILTERS_MIN_WIDTH)
     for i, (box, kernel) in enumerate(zip(boxes, kernels)):
         scale = box["size"] // k
         centres = box["top"] + scale // 2 + scale * np.arange(k), box["left"] + scale // 2 + scale * np.arange(k)
@@ -96,6 +111,7 @@ def assert_boxes_show(png_path, boxes: list[dict], kernels: np.ndarray, groups: 
 def test_kernels_fill_rows_in_reading_order(tmp_path, n, groups):
     """The paper's 2 x 48 (3 rows of 16 each), owt's 64, and a group shorter than a row."""
     kernels = np.random.default_rng(n).normal(size=(n, 3, 11, 11))
+    kernels[1] = 0.7  # a constant kernel
     boxes = draw_filters(kernels, groups, "title", tmp_path / "f.png")
     rows = {b.top for b in boxes}
     assert len(rows) == groups * -(-n // groups // 16)
@@ -218,15 +234,8 @@ def assert_neighbours_drawn(png_path, record: dict, train: SplitData, val: Split
             assert (png[t - 3:t + size + 3, left - 3:left + size + 3][ring] == FRAME_RGB[kind]).all(), (box, kind)
             assert (png[t - 4, left - 4:left + size + 4] == 255).all()  # the background beyond it: white
     assert all(b - a > crop for a, b in zip(tops, tops[1:]))  # a row per query, top to bottom
-    # White margins, the same on the left, the right and the bottom (the right one wider only where the figure
-    # was widened for its title); nothing cut off, nothing but margin beyond the frames
     boxes = [q["box"] for q in record["queries"]] + [n["box"] for q in record["queries"] for n in q["neighbours"]]
-    left = min(b["left"] for b in boxes) - 3
-    right = png.shape[1] - max(b["left"] + b["size"] for b in boxes) - 3
-    bottom = png.shape[0] - max(b["top"] + b["size"] for b in boxes) - 3
-    assert left > 0 and bottom == left and (right == left or (right > left and png.shape[1] == MIN_WIDTH))
-    assert (png[-bottom:] == 255).all()
-    assert all((png[t - 3:t + crop + 3, -right:] == 255).all() for t in tops)  # beside each row of frames
+    assert_even_margins(png, boxes, MIN_WIDTH, frame=3)
 
 
 def test_neighbours_equal_a_brute_force_ranking_and_are_cached(demo, data, figures, tmp_path, capsys):

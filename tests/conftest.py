@@ -17,6 +17,7 @@ import pytest
 from tests import children
 
 REPO = Path(__file__).resolve().parents[1]
+pytest_plugins = ["tests.temp_guard"]  # each test and fixture leaves its temporary directory empty
 # One torch thread per process (inherited by every subprocess, xdist worker and replica): the suite runs
 # two workers that start replicas and loader processes on 2 cores, and torch's OpenMP threads then
 # spin-wait against each other: 43.5 s of CPU instead of 23.5 s for the same three training tests,

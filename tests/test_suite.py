@@ -3,6 +3,7 @@ sets ALEXNET_ORACLES_REQUIRED, and there a test that skips for a missing oracle 
 it. No fixture leaves signal handlers behind for the tests after it."""
 from __future__ import annotations
 
+import getpass
 import os
 import signal
 import sys
@@ -180,7 +181,7 @@ def test_a_mutant_forked_from_mutmuts_warm_server_gets_the_mutants_settings(tmp_
     (tmp_path / "src").mkdir()  # mutmut's command line reads its configuration as it is imported
     (tmp_path / "pyproject.toml").write_text('[tool.mutmut]\nsource_paths = ["src"]\n')
     run = children.run([sys.executable, "-c", FORK_SERVER], cpu_s=120, cwd=tmp_path,
-                       env={**os.environ, "PYTHONPATH": str(REPO)})
+                       env={**os.environ, "PYTHONPATH": str(REPO), "PYTEST_DEBUG_TEMPROOT": str(tmp_path)})
     ended = run.returncode == 0 and "the mutant's session ended: 0" in run.stdout
     assert ended, run.stdout[-3000:] + run.stderr[-3000:]
 
@@ -218,7 +219,7 @@ def test_under_xdist_the_tests_of_a_module_fixture_run_on_one_worker_that_makes_
     (tmp_path / "conftest.py").write_text("from tests.conftest import *  # noqa: F403\n")
     log = tmp_path / "log.txt"
     from tests.conftest import REPO
-    env = {**os.environ, "ALEXNET_PROBE_LOG": str(log), "PYTHONPATH": str(REPO)}
+    env = {**os.environ, "ALEXNET_PROBE_LOG": str(log), "PYTHONPATH": str(REPO), "PYTEST_DEBUG_TEMPROOT": str(tmp_path)}
     r = children.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider"], cpu_s=120, cwd=tmp_path, env=env)
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
     lines = log.read_text().split()
@@ -303,3 +304,74 @@ def test_a_test_that_starts_a_process_needs_the_mark_in_every_run(marks, refused
     finally:
         hook.close()
     assert subprocess.Popen(["true"]).wait() == 0  # put back
+
+
+TEMP_PROBE = '''
+import os, subprocess, sys, tempfile
+from pathlib import Path
+import pytest
+
+SEEN = []
+
+@pytest.fixture(scope="module")
+def made():
+    Path(os.environ["TMPDIR"], "fixture-left").write_text("x")  # in the fixture's own folder
+    yield
+
+def test_clean():
+    SEEN.append(os.environ["TMPDIR"])
+    with tempfile.TemporaryDirectory():
+        pass
+
+def test_leaves_a_file():
+    SEEN.append(os.environ["TMPDIR"])
+    fd, name = tempfile.mkstemp(prefix="mine-")  # this process: tempfile's cached choice
+    os.close(fd)
+
+def test_child_leaves_a_folder():
+    subprocess.run([sys.executable, "-c", "import tempfile; tempfile.mkdtemp(prefix='child-')"], check=True)
+
+def test_uses_the_fixture(made):
+    assert os.environ["TMPDIR"].endswith("-test_uses_the_fixture")  # the test's own again after the fixture's
+
+def test_torchruns_folder_is_allowed():
+    Path(os.environ["TMPDIR"], "torchelastic_ab", "none_cd", "attempt_0", "0").mkdir(parents=True)
+    Path(os.environ["TMPDIR"], "torchelastic_ab", "none_cd", "attempt_0", "0", "error.json").write_text("{}")
+
+def test_more_than_torchrun_leaves_is_not():
+    Path(os.environ["TMPDIR"], "torchelastic_ef", "none_gh").mkdir(parents=True)
+    Path(os.environ["TMPDIR"], "torchelastic_ef", "none_gh", "notes.txt").write_text("x")
+
+def test_each_test_had_its_own_and_tempfile_follows():
+    assert len(set(SEEN)) == 2 and os.environ["TMPDIR"] not in SEEN
+    assert tempfile.gettempdir() == os.environ["TMPDIR"]
+    cache = Path(os.environ["TORCHINDUCTOR_CACHE_DIR"])  # torch's compile cache: the run's, in no test's folder
+    assert cache.name == "torchinductor" and cache.parent == Path(os.environ["TMPDIR"]).parents[1]
+'''
+
+
+@pytest.mark.processes
+def test_a_test_or_fixture_that_leaves_its_temporary_directory_unclean_fails(tmp_path):
+    """tests/temp_guard.py over a probe: what a test, its child or a module fixture leaves in TMPDIR fails
+    it by name; torchrun's own log folder is allowed only as torchrun leaves it."""
+    from tests.conftest import REPO
+    (tmp_path / "test_probe.py").write_text(TEMP_PROBE)
+    r = children.run([sys.executable, "-m", "pytest", "-q", "-rA", "-p", "no:cacheprovider", "-p", "no:xdist",
+                      "-p", "no:randomly", "-p", "tests.temp_guard", "test_probe.py"], cpu_s=60, cwd=tmp_path,
+                     env={**{k: v for k, v in os.environ.items() if k != "TORCHINDUCTOR_CACHE_DIR"},
+                          "PYTHONPATH": str(REPO), "PYTEST_DEBUG_TEMPROOT": str(tmp_path),
+                          "COLUMNS": "1000"})  # the summary's lines whole
+    summary = [line for line in r.stdout.splitlines() if line.startswith(("PASSED ", "ERROR ", "FAILED "))]
+    errors = {line.split()[1].split("::")[1]: line for line in summary if line.startswith("ERROR ")}
+    # the module fixture is torn down, and checked, after the module's last test
+    last = "test_each_test_had_its_own_and_tempfile_follows"
+    assert sorted(errors) == sorted([last, "test_child_leaves_a_folder", "test_leaves_a_file",
+                                     "test_more_than_torchrun_leaves_is_not"]), r.stdout
+    assert "mine-" in errors["test_leaves_a_file"] and "(a file)" in errors["test_leaves_a_file"]
+    assert "child-" in errors["test_child_leaves_a_folder"] and "(a folder)" in errors["test_child_leaves_a_folder"]
+    assert "torchelastic_ef (a folder)" in errors["test_more_than_torchrun_leaves_is_not"]
+    assert "fixture 'made' (module scope) left" in errors[last] and "fixture-left (a file)" in errors[last]
+    assert sum(line.startswith("PASSED ") for line in summary) == 7, r.stdout  # the tests themselves pass
+    kept = sorted(p.name for p in (tmp_path / f"pytest-of-{getpass.getuser()}" / "pytest-current" / "tmpdir").iterdir())
+    assert [name.split("-", 1)[1] for name in kept] == [  # what failed stays to be looked at; the rest is gone
+        "test_leaves_a_file", "test_child_leaves_a_folder", "module-made", "test_more_than_torchrun_leaves_is_not"]

@@ -3,6 +3,7 @@ on, and the commands that exit 0 but leave a warning of torch's C++ side."""
 from __future__ import annotations
 
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -73,3 +74,18 @@ def test_a_command_that_exits_0_with_a_cpp_warning_fails_its_step(monkeypatch, o
             commands.check(None, "train", ["x"])
     else:
         assert commands.check(None, "train", ["x"]).rc == 0
+
+
+@pytest.mark.processes
+def test_a_steps_temporary_files_go_with_its_work_folder(tmp_path):
+    """Whatever a step or a tool it starts leaves in the temporary directory (torchrun's log folder, the data
+    of a benchmark killed at the step's limit) is inside work/, which the run removes."""
+    import subprocess
+
+    from gpucheck import runner
+    from gpucheck.context import Ctx
+    ctx = Ctx(tmp_path, "cpu", 0)
+    runner.prepare(ctx)
+    made = subprocess.run([sys.executable, "-c", "import tempfile; print(tempfile.mkdtemp(prefix='left-'))"],
+                          env=runner.step_env(ctx), capture_output=True, text=True, check=True).stdout.strip()
+    assert Path(made).parent == ctx.work / "tmp" and Path(made).is_dir()

@@ -106,7 +106,7 @@ def run_step(ctx: Ctx, step: Step, limit: float, context: Path) -> Result:
     cmd = [sys.executable, str(ENTRY), "--_step", step.name, "--_context", str(context),
            "--_deadline", str(time.time() + limit), "--_result", str(result_file)]
     with open(log, "w") as f:
-        proc = subprocess.Popen(cmd, cwd=REPO, stdout=f, stderr=subprocess.STDOUT, env=clean_env(),
+        proc = subprocess.Popen(cmd, cwd=REPO, stdout=f, stderr=subprocess.STDOUT, env=step_env(ctx),
                                 start_new_session=True)
         try:
             proc.wait(timeout=limit)
@@ -131,11 +131,18 @@ def run_step(ctx: Ctx, step: Step, limit: float, context: Path) -> Result:
     return res
 
 
+def step_env(ctx: Ctx) -> dict:
+    """A step's environment, which its commands inherit: the temporary directory is work/tmp, so that what a
+    step or a tool it runs leaves there (torchrun's log folder, a killed benchmark's data) goes with work/."""
+    return {**clean_env(), "TMPDIR": str(ctx.work / "tmp")}
+
+
 def prepare(ctx: Ctx) -> Path:
     """Fresh work/ and logs/ folders and the context file every step's process reads."""
     shutil.rmtree(ctx.work, ignore_errors=True)
     shutil.rmtree(ctx.logs, ignore_errors=True)
     (ctx.work / "results").mkdir(parents=True)
+    (ctx.work / "tmp").mkdir()
     ctx.logs.mkdir(parents=True)
     context = ctx.work / "context.json"
     context.write_text(json.dumps({"out": str(ctx.out), "device": ctx.device, "gpus": ctx.gpus,

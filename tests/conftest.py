@@ -15,11 +15,9 @@ from pathlib import Path
 import pytest
 
 from tests import children
-from tests.mutant_order import a_mutants_session
 
 REPO = Path(__file__).resolve().parents[1]
-# each test and fixture leaves its temporary directory empty; a mutant's tests run cheapest first
-pytest_plugins = ["tests.temp_guard", "tests.mutant_order"]
+pytest_plugins = ["tests.temp_guard"]  # each test and fixture leaves its temporary directory empty
 # One torch thread per process (inherited by every subprocess, xdist worker and replica): the suite runs
 # two workers that start replicas and loader processes on 2 cores, and torch's OpenMP threads then
 # spin-wait against each other: 43.5 s of CPU instead of 23.5 s for the same three training tests,
@@ -113,6 +111,12 @@ def load_script(name: str, folder: str = "scripts"):
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
+
+
+def a_mutants_session() -> bool:
+    """Whether this pytest session runs one mutant's tests (mutmut sets MUTANT_UNDER_TEST to the mutant's
+    name in the process it forks for it; "stats" and "fail" are its own runs on the unmutated code)."""
+    return os.environ.get("MUTANT_UNDER_TEST", "") not in ("", "stats", "fail")
 
 
 def under_mutmut() -> bool:
@@ -373,11 +377,25 @@ def pytest_runtest_makereport(item, call):
                                "install requirements-dev.txt (make test does)")
 
 
+def _fastest_first_for_a_mutant(items) -> None:
+    """Under mutmut (a mutant's run, `-x`: the first failure ends it), the tests of the mutated function run
+    fastest first, by the durations mutmut recorded, so that a mutant a quick test kills costs that test."""
+    import json
+    if not a_mutants_session():
+        return
+    try:
+        durations = json.loads(Path("mutmut-stats.json").read_text())["duration_by_test"]
+    except (OSError, ValueError, KeyError):
+        return
+    items.sort(key=lambda item: durations.get(item.nodeid, 0.0))
+
+
 @pytest.hookimpl(tryfirst=True)  # before xdist reads the groups
 def pytest_collection_modifyitems(config, items):
     """Tests marked `gpu` skip where CUDA is absent (CI); on a GPU machine run them with -m gpu.
     Under xdist, the longest files first (a stable sort: each file keeps its order), grouped. Under mutmut,
-    the cheapest first (tests/mutant_order.py)."""
+    the fastest first."""
+    _fastest_first_for_a_mutant(items)
     # An xdist worker, which collects, has option.dist "no" and option.loadgroup instead (xdist/remote.py's
     # setup_config, or pytest_configure here for the run that pytest_cmdline_main made grouped).
     if getattr(config.option, "dist", "no") == "loadgroup" or getattr(config.option, "loadgroup", False):

@@ -63,6 +63,9 @@ def save_atomic(obj: dict, path: str | os.PathLike) -> None:
             os.fsync(f.fileno())
         commit(tmp, path)
     except (OSError, RuntimeError) as e:
+        stop = _stop_behind(e)
+        if stop is not None:
+            raise stop from None
         cause = os_error_in(e) or _full_disk(path.parent)
         if cause is None:
             raise
@@ -70,6 +73,14 @@ def save_atomic(obj: dict, path: str | os.PathLike) -> None:
     finally:
         tmp.unlink(missing_ok=True)
     _fsync_dir(path.parent)
+
+
+def _stop_behind(e: BaseException) -> KeyboardInterrupt | None:
+    """A stop (Ctrl-C, or SIGTERM/SIGHUP raised as one: cli.Stopped) that landed in torch.save's writing: torch's
+    zip writer then ends with its own RuntimeError ("unexpected pos"), the stop only its context."""
+    while e is not None and not isinstance(e, KeyboardInterrupt):
+        e = e.__context__
+    return e
 
 
 def _full_disk(folder: Path) -> OSError | None:

@@ -39,28 +39,34 @@ class Stopped(KeyboardInterrupt):
         self.signum = signum
 
 
-def _raise_stopped(signum: int, frame: Any) -> None:
-    for sig in STOP_SIGNALS:  # a second one must not cut short the clean-up (a temporary file's removal)
-        if signal.getsignal(sig) is _raise_stopped:
-            signal.signal(sig, signal.SIG_IGN)
-    raise Stopped(signum)
-
-
 @contextlib.contextmanager
 def stopping_on_signals() -> Iterator[None]:
     """While the block runs, STOP_SIGNALS raise Stopped instead of killing the process at once; a signal
     someone ignores (nohup's SIGHUP) or handles already is left as it is, and so is every signal outside
-    the main thread (where Python cannot set handlers)."""
-    saved = {}
+    the main thread (where Python cannot set handlers).
+
+    A handler's exception can be lost: raised while Python runs a finalizer (`__del__`, a weakref's
+    callback), it is printed as "Exception ignored" and the code goes on, with the stop signals then
+    ignored (the first one's clean-up must not be cut short). So the stop is also recorded, and a block
+    that ends without it raises it at its end."""
+    saved, got = {}, []
+
+    def raise_stopped(signum: int, frame: Any) -> None:
+        got.append(signum)
+        for sig in saved:  # a second one must not cut short the clean-up (a temporary file's removal)
+            signal.signal(sig, signal.SIG_IGN)
+        raise Stopped(signum)
     main = threading.current_thread() is threading.main_thread()
     for sig in STOP_SIGNALS if main else ():
         if signal.getsignal(sig) == signal.SIG_DFL:
-            saved[sig] = signal.signal(sig, _raise_stopped)
+            saved[sig] = signal.signal(sig, raise_stopped)
     try:
         yield
     finally:
         for sig, old in saved.items():
             signal.signal(sig, old)
+    if got:  # the block went on past a stop whose exception was lost
+        raise Stopped(got[0])
 
 
 def interrupt_code(e: KeyboardInterrupt) -> int:

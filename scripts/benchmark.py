@@ -31,7 +31,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench import checkpoint, exchange, large_batch, loading, lrn, parallel, preprocess, read, train  # noqa: E402
 from bench.common import report  # noqa: E402
 
-from alexnet.cli import protect_streams  # noqa: E402
+from alexnet.cli import guarded, protect_streams  # noqa: E402
 from data.domains import OneLineParser, OutputPath, json_holding  # noqa: E402
 
 BENCHMARKS = (preprocess, train, loading, read, exchange, checkpoint, parallel, large_batch, lrn)  # the order of --help
@@ -56,8 +56,12 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     if args.json and Path(args.json).exists() and not args.force:  # before the run: it may take an hour
         p.error(f"--json {args.json} exists (a kept measurement?): name a new file, or add --force to replace it")
-    report(args.run(args), args.tables, args.json)
-    return 0
+    # Stopped by a signal (SIGTERM, SIGHUP: a scheduler's limit, a closed terminal) as by Ctrl-C: the temporary
+    # data is removed on the way out, and one line says so
+    code, result = guarded("benchmark.py", lambda: args.run(args))
+    if code:
+        return code
+    return guarded("benchmark.py", lambda: report(result, args.tables, args.json))[0]
 
 
 if __name__ == "__main__":

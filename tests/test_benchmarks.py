@@ -7,10 +7,13 @@ that gpu_check and docs/benchmarks/*.json rely on.
 `exchange --table1` (four train.py runs), `loading`'s CPU full-size row, and `parallel`'s measured layouts
 beyond one process (tests/test_model_parallel.py measures three of them).
 """
+import itertools
 import json
+import os
 import signal
 import sys
 import time
+from pathlib import Path
 
 import pytest
 
@@ -214,3 +217,50 @@ def test_lrn_benchmark_times_torchs_op_against_the_layer_and_refuses_a_model_wit
     with pytest.raises(SystemExit, match="owt has no LRN"):
         args.run(args)
 
+
+
+def _makes_temporary_data(what: str) -> bool:
+    """Whether a subcommand's module (scripts/bench/<what>.py) puts its data in a temporary directory."""
+    return "tempfile" in (REPO / "scripts" / "bench" / f"{what.replace('-', '_')}.py").read_text()
+
+
+# Every subcommand that makes temporary data, stopped by a signal (in turn SIGTERM, SIGHUP, SIGINT), as a
+# scheduler's time limit or a closed terminal would.
+STOPPED = list(zip([w for w in CASES if _makes_temporary_data(w)],
+                   itertools.cycle([signal.SIGTERM, signal.SIGHUP, signal.SIGINT])))
+
+
+def _session_members(sid: int) -> list[int]:
+    """The live processes of session `sid` (a zombie has ended), from /proc."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                stat = (entry / "stat").read_text()
+            except OSError:  # it ended meanwhile
+                continue
+            state, _, _, session = stat[stat.rindex(")") + 2:].split()[:4]
+            if int(session) == sid and state != "Z":
+                found.append(int(entry.name))
+    return found
+
+
+@pytest.mark.parametrize("what, sig", STOPPED, ids=[f"{w}-{s.name}" for w, s in STOPPED])
+def test_a_stopped_benchmark_leaves_nothing_in_the_temporary_directory(tmp_path, what, sig):
+    """Stopped once its temporary data is there: exit 128 + N, one line, no process of it left (its workers
+    included), and its temporary directory empty."""
+    import subprocess
+
+    from tests import children
+    temp = tmp_path / "tmp"
+    temp.mkdir()
+    proc = subprocess.Popen([sys.executable, "scripts/benchmark.py", what, *CASES[what][0]], cwd=REPO, text=True,
+                            env={**os.environ, "TMPDIR": str(temp)}, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            start_new_session=True)  # its workers in its session
+    children.wait_until(lambda: any(temp.iterdir()), proc, cpu_s=120, what=f"benchmark.py {what}: no temporary data")
+    proc.send_signal(sig)
+    _, err = children.communicate(proc, cpu_s=60)
+    assert proc.returncode == 128 + sig, err[-2000:]
+    by = "" if sig == signal.SIGINT else f" by {sig.name}"  # Ctrl-C is said as every tool says it
+    assert err.strip().splitlines()[-1] == f"benchmark.py: interrupted{by}", err[-2000:]
+    assert _session_members(proc.pid) == [] and list(temp.iterdir()) == []

@@ -96,13 +96,32 @@ def cpu_name() -> str:
 
 def run_workers(worker: Callable, world: int, *args) -> object:
     """Run worker(rank, world, port, *args, out) in `world` spawned processes; return the JSON that one
-    of them wrote to the file `out`."""
+    of them wrote to the file `out`. Stopped (a signal, Ctrl-C) or on a worker's failure, the others are
+    killed before the temporary folder goes; they are daemons, so one caught half-started by a stop is
+    ended by multiprocessing at exit instead of waited for (it would wait in the rendezvous forever)."""
     import torch.multiprocessing as mp
 
     from alexnet.launch import free_port
     with tempfile.TemporaryDirectory() as tmp:
-        out = Path(tmp) / "result.json"
-        mp.start_processes(worker, args=(world, free_port(), *args, str(out)), nprocs=world, start_method="spawn")
+        out, port, spawn = Path(tmp) / "result.json", free_port(), mp.get_context("spawn")
+        procs = [spawn.Process(target=worker, args=(rank, world, port, *args, str(out)), daemon=True)
+                 for rank in range(world)]
+        try:
+            for proc in procs:
+                proc.start()
+            for proc in procs:
+                proc.join()
+                if proc.exitcode != 0:
+                    raise RuntimeError(f"benchmark worker {procs.index(proc)} of {world} exited with code "
+                                       f"{proc.exitcode} (its traceback is above)")
+        except BaseException:
+            for proc in procs:
+                if proc.pid is not None and proc.is_alive():
+                    proc.kill()
+            for proc in procs:
+                if proc.pid is not None:
+                    proc.join()
+            raise
         return json.loads(out.read_text())
 
 

@@ -264,3 +264,16 @@ def test_a_stopped_benchmark_leaves_nothing_in_the_temporary_directory(tmp_path,
     by = "" if sig == signal.SIGINT else f" by {sig.name}"  # Ctrl-C is said as every tool says it
     assert err.strip().splitlines()[-1] == f"benchmark.py: interrupted{by}", err[-2000:]
     assert _session_members(proc.pid) == [] and list(temp.iterdir()) == []
+
+
+def test_a_failing_benchmark_worker_ends_the_others_at_once(tmp_path):
+    sys.path.insert(0, str(REPO / "scripts"))
+    try:
+        from bench.common import run_workers
+    finally:
+        sys.path.remove(str(REPO / "scripts"))
+    from tests.bench_workers import fails_or_waits  # a light module: each spawned worker imports it
+    finished = tmp_path / "finished"
+    with pytest.raises(RuntimeError, match="benchmark worker 1 of 2 exited with code 3"):
+        run_workers(fails_or_waits, 2, str(finished))
+    assert not finished.exists()  # killed, not waited for

@@ -99,6 +99,8 @@ def run_workers(worker: Callable, world: int, *args) -> object:
     of them wrote to the file `out`. Stopped (a signal, Ctrl-C) or on a worker's failure, the others are
     killed before the temporary folder goes; they are daemons, so one caught half-started by a stop is
     ended by multiprocessing at exit instead of waited for (it would wait in the rendezvous forever)."""
+    from multiprocessing.connection import wait
+
     import torch.multiprocessing as mp
 
     from alexnet.launch import free_port
@@ -109,11 +111,15 @@ def run_workers(worker: Callable, world: int, *args) -> object:
         try:
             for proc in procs:
                 proc.start()
-            for proc in procs:
-                proc.join()
-                if proc.exitcode != 0:
-                    raise RuntimeError(f"benchmark worker {procs.index(proc)} of {world} exited with code "
-                                       f"{proc.exitcode} (its traceback is above)")
+            running = list(procs)
+            while running:  # the first to fail ends the run: the others would wait for it in a collective
+                ended = wait([proc.sentinel for proc in running])
+                for proc in [p for p in running if p.sentinel in ended]:
+                    proc.join()
+                    running.remove(proc)
+                    if proc.exitcode != 0:
+                        raise RuntimeError(f"benchmark worker {procs.index(proc)} of {world} exited with code "
+                                           f"{proc.exitcode} (its traceback is above)")
         except BaseException:
             for proc in procs:
                 if proc.pid is not None and proc.is_alive():

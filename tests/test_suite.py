@@ -320,8 +320,8 @@ def made():
 
 def test_clean():
     SEEN.append(os.environ["TMPDIR"])
-    with tempfile.TemporaryDirectory():
-        pass
+    with tempfile.TemporaryDirectory() as made:  # made and removed: nothing left
+        Path(made, "x").write_text("x")
 
 def test_leaves_a_file():
     SEEN.append(os.environ["TMPDIR"])

@@ -107,9 +107,11 @@ def install_signal_handlers(stop: StopFlag) -> None:
 
 @contextlib.contextmanager
 def signals_held():
-    """Stop signals wait (pending) while the group forms: one landing in the rendezvous' connect would fail
-    it with EINTR, which c10d logs with a C++ stack before retrying (poll and connect are not restarted).
-    Delivered when the block ends, to the handler (a stop request at the first step)."""
+    """Stop signals kept off the main thread while the group forms: one landing in the rendezvous' connect
+    would fail it with EINTR, which c10d logs with a C++ stack before retrying (poll and connect are not
+    restarted). The kernel hands such a signal to another thread (torch has some) or keeps it pending until
+    the block ends; either way Python runs the handler in the main thread (a stop request at the first step).
+    A mask, not data.procs.stops_between_calls: the point is the system call, not where the handler runs."""
     stops = {signal.SIGINT, signal.SIGTERM, signal.SIGHUP}
     old = signal.pthread_sigmask(signal.SIG_BLOCK, stops)
     try:

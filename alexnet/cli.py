@@ -9,6 +9,7 @@ import errno
 import os
 import signal
 import sys
+import tempfile
 import threading
 from collections.abc import Callable, Iterator
 from typing import Any, TextIO, TypeVar
@@ -16,6 +17,7 @@ from typing import Any, TextIO, TypeVar
 from data.batchfile import BatchFileError
 from data.domains import COUNT, OneLineParser  # noqa: F401 (re-exported: the scripts' parser)
 from data.fsutil import os_error_exit_code, os_error_message
+from data.procs import stops_between_calls
 
 from . import startup
 
@@ -67,6 +69,22 @@ def stopping_on_signals() -> Iterator[None]:
             signal.signal(sig, old)
     if got:  # the block went on past a stop whose exception was lost
         raise Stopped(got[0])
+
+
+@contextlib.contextmanager
+def temporary_directory(**kwargs: Any) -> Iterator[str]:
+    """tempfile.TemporaryDirectory(**kwargs)'s path, made and removed with the stops held until each is done
+    (data.procs.stops_between_calls): a stop landing as it is made, or as it is removed once the block is done,
+    left it behind (its name not yet returned; the removal cut short, after which nothing tries again)."""
+    folder = None
+    try:
+        with stops_between_calls():
+            folder = tempfile.TemporaryDirectory(**kwargs)
+        yield folder.name
+    finally:
+        if folder is not None:
+            with stops_between_calls():
+                folder.cleanup()
 
 
 def interrupt_code(e: KeyboardInterrupt) -> int:

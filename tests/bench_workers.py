@@ -12,3 +12,8 @@ def fails_or_waits(rank: int, world: int, port: int, finished: str, out: str) ->
         raise SystemExit(3)
     time.sleep(60)
     Path(finished).write_text("rank 0 ran to its end")
+
+
+def waits(rank: int, world: int, port: int, out: str) -> None:
+    """A rank that would wait a minute for the others (in a rendezvous, a collective)."""
+    time.sleep(60)

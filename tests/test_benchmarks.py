@@ -275,3 +275,34 @@ def test_a_failing_benchmark_worker_ends_the_others_at_once(tmp_path, monkeypatc
     with pytest.raises(RuntimeError, match="benchmark worker 1 of 2 exited with code 3"):
         run_workers(fails_or_waits, 2, str(finished))
     assert not finished.exists()  # killed, not waited for
+
+
+def test_a_stop_inside_a_benchmark_workers_start_waits_until_all_have_started(monkeypatch, capfd):
+    """A stop landing after a worker's process was made but before its bootstrap was written cut that worker
+    off: it printed "EOFError: Ran out of input" after the benchmark's line, and lived on (it had no handle
+    yet to be killed by); a signal mask did not hold it once torch's threads were there. A process-directed
+    SIGTERM right after each worker's process is made: the run ends in Stopped once all have started, and
+    every worker is ended, with nothing on stderr."""
+    import multiprocessing.util
+
+    monkeypatch.syspath_prepend(str(REPO / "scripts"))
+    from bench.common import run_workers
+
+    from alexnet import cli
+    from tests.bench_workers import waits
+    real, started = multiprocessing.util.spawnv_passfds, []
+
+    def spawned_then_stopped(path, args, passfds):
+        pid = real(path, args, passfds)
+        if any(b"spawn_main" in os.fsencode(arg) for arg in args):  # a worker (not multiprocessing's resource tracker)
+            started.append(pid)
+            os.kill(os.getpid(), signal.SIGTERM)
+        return pid
+    monkeypatch.setattr(multiprocessing.util, "spawnv_passfds", spawned_then_stopped)
+    with pytest.raises(cli.Stopped), cli.stopping_on_signals():
+        run_workers(waits, 2)
+    assert len(started) == 2
+    for pid in started:  # each reaped by run_workers (a live or unreaped child would be found)
+        with pytest.raises(ChildProcessError):
+            os.waitpid(pid, os.WNOHANG)
+    assert capfd.readouterr().err == ""

@@ -17,17 +17,17 @@ Exit code: 0 when no case is WEAK or DEFECT, 1 otherwise.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import re
 import shlex
-import shutil
 import signal
 import sys
-import tempfile
 import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from alexnet.cli import temporary_directory  # noqa: E402
 from data.procs import in_threads  # noqa: E402
 from tools.faultcheck import identity_cases, input_cases, preprocess_cases, report, tool_cases, train_cases  # noqa: E402
 from tools.faultcheck.core import Case, Ctx, run_case  # noqa: E402
@@ -68,16 +68,13 @@ def main(argv: list[str] | None = None) -> int:
         signal.signal(signal.SIGINT, signal.default_int_handler)
     command = "python tools/faults.py " + shlex.join(sys.argv[1:] if argv is None else argv)
     date = time.strftime("%Y-%m-%d")
-    root = Path(args.work) if args.work else Path(tempfile.mkdtemp(prefix="faults-"))
-    root.mkdir(parents=True, exist_ok=True)
-    ctx = Ctx(root.resolve())
-    try:
+    with contextlib.ExitStack() as stack:  # a folder of its own unless --work names one
+        root = Path(args.work or stack.enter_context(temporary_directory(prefix="faults-", ignore_cleanup_errors=True)))
+        root.mkdir(parents=True, exist_ok=True)
+        ctx = Ctx(root.resolve())
         # A Ctrl-C stops the cases not yet started (in_threads); the running ones finish
         outcomes = in_threads(lambda c: run_case(ctx, c, CASES.index(c) + 1), cases, args.jobs,
                               lambda i, outcome: print(report.line(outcome), flush=True))
-    finally:
-        if not args.work:
-            shutil.rmtree(root, ignore_errors=True)
     print(report.summary(outcomes))
     report.write(args.md, report.markdown(outcomes, command, date))
     report.write_json(args.json, report.record(outcomes, command, date))

@@ -8,6 +8,7 @@ import statistics
 import tempfile
 import time
 
+from alexnet.cli import temporary_directory
 from data.domains import COUNT, DEVICE, InputPath
 
 from .common import add_model_args, default_crop, device_name, subcommand
@@ -38,7 +39,7 @@ def run(args) -> dict:
     state = {"model": model.state_dict(), "optimizer": opt.state_dict(), "epoch": 1, "step": 0}
     mbytes = sum(t.numel() * t.element_size() for t in [*state["model"].values(), *opt.velocities()]) / 1e6
     sync, stall, background = [], [], []
-    with tempfile.TemporaryDirectory(dir=args.dir) as tmp:
+    with temporary_directory(dir=args.dir) as tmp:
         ckpt, writer = CheckpointDir(tmp), BackgroundWriter()
         for _ in range(args.repeat):
             start = time.perf_counter()

@@ -4,9 +4,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import signal
 import statistics
-import tempfile
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -95,17 +93,6 @@ def cpu_name() -> str:
 
 # -- worker processes -----------------------------------------------------------------------------------
 
-# Held pending while a run's workers start: a stop landing inside a start cut the pickled bootstrap its
-# worker reads (which then printed "EOFError: Ran out of input"); once all have started it stops them all.
-_STOPS = {signal.SIGINT, signal.SIGTERM, signal.SIGHUP}
-
-
-def _unblocked(worker: Callable, *args) -> None:
-    """A worker's entry: the stop signals its parent held while starting it are its own again."""
-    signal.pthread_sigmask(signal.SIG_UNBLOCK, _STOPS)
-    worker(*args)
-
-
 def run_workers(worker: Callable, world: int, *args) -> object:
     """Run worker(rank, world, port, *args, out) in `world` spawned processes; return the JSON that one
     of them wrote to the file `out`. Stopped (a signal, Ctrl-C) or on a worker's failure, the others are
@@ -115,18 +102,17 @@ def run_workers(worker: Callable, world: int, *args) -> object:
 
     import torch.multiprocessing as mp
 
+    from alexnet.cli import temporary_directory
     from alexnet.launch import free_port
-    with tempfile.TemporaryDirectory() as tmp:
+    from data.procs import stops_between_calls
+    with temporary_directory() as tmp:
         out, port, spawn = Path(tmp) / "result.json", free_port(), mp.get_context("spawn")
-        procs = [spawn.Process(target=_unblocked, args=(worker, rank, world, port, *args, str(out)), daemon=True)
+        procs = [spawn.Process(target=worker, args=(rank, world, port, *args, str(out)), daemon=True)
                  for rank in range(world)]
         try:
-            held = signal.pthread_sigmask(signal.SIG_BLOCK, _STOPS)
-            try:
+            with stops_between_calls():  # a stop landing in a start cut the bootstrap a worker reads (EOFError)
                 for proc in procs:
                     proc.start()
-            finally:
-                signal.pthread_sigmask(signal.SIG_SETMASK, held)  # a stop meanwhile is raised here
             running = list(procs)
             while running:  # the first to fail ends the run: the others would wait for it in a collective
                 ended = wait([proc.sentinel for proc in running])

@@ -9,9 +9,9 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-import tempfile
 from pathlib import Path
 
+from alexnet.cli import temporary_directory
 from data.domains import COUNT, NON_NEGATIVE, device
 
 from .common import REPO, add_model_args, default_crop, device_name, join_as, run_workers, subcommand, timed_steps
@@ -113,7 +113,7 @@ def _ddp_rows(model, info, args, crop: int, timed) -> list[dict]:
 def _table1(args) -> list[dict]:
     """Time per 20 iterations of train.py itself: 1 and 2 replicas x parallel loading yes/no."""
     rows = []
-    with tempfile.TemporaryDirectory() as tmp:
+    with temporary_directory() as tmp:
         data = make_random_dataset(Path(tmp) / "data", args.batch_size * 2 * 4, classes=1000)
         for replicas in (1, 2):
             for loading in ("process", "inline"):

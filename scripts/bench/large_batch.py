@@ -30,10 +30,10 @@ import os
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
+from alexnet.cli import temporary_directory
 from data.domains import (
     COUNT,
     NON_NEGATIVE,
@@ -143,7 +143,7 @@ def run(args) -> dict:
                              f"optimizer one of {OPTIMIZERS}")
         lrs[arch][opt] = float(lr)
     start = time.perf_counter()
-    with tempfile.TemporaryDirectory() as tmp:
+    with temporary_directory() as tmp:
         work = Path(args.keep or tmp)
         work.mkdir(parents=True, exist_ok=True)
         data = Path(args.data) if args.data else make_data(work / "data", args)

@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import argparse
 import json
-import tempfile
 from pathlib import Path
 
+from alexnet.cli import temporary_directory
 from data.domains import COUNT, InputPath
 
 from .common import add_model_args, add_timing_args, default_crop, device_name, subcommand, timed_steps
@@ -42,7 +42,7 @@ def run(args) -> dict:
     from data.slot_loader import SlotLoader
     device = pick_device(args.device)
     crop = default_crop(args.arch, args.crop)
-    with tempfile.TemporaryDirectory() as tmp:
+    with temporary_directory() as tmp:
         root = Path(args.data) if args.data else make_random_dataset(
             Path(tmp), args.batch_size * args.files_per_epoch, classes=1000)
         spec = LoaderSpec(root=str(root), batch_size=args.batch_size, val_batch_size=args.batch_size, crop=crop,
@@ -106,7 +106,7 @@ def _cpu_full_size_row(args) -> dict:
 
     from data.loader import LoaderSpec
     from data.slot_loader import SlotLoader
-    with tempfile.TemporaryDirectory() as tmp:
+    with temporary_directory() as tmp:
         root = Path(args.data) if args.data else make_random_dataset(
             Path(tmp), FULL_BATCH * args.files_per_epoch, size=FULL_SIZE, classes=1000)
         spec = LoaderSpec(root=str(root), batch_size=FULL_BATCH, val_batch_size=FULL_BATCH, crop=FULL_CROP,

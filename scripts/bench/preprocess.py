@@ -8,10 +8,10 @@ from __future__ import annotations
 
 import json
 import os
-import tempfile
 import time
 from pathlib import Path
 
+from alexnet.cli import temporary_directory
 from data.decode import load_image
 from data.domains import COUNT, InputPath
 from data.layouts import is_image_name
@@ -36,7 +36,7 @@ def add_parser(sub):
 
 def run(args) -> dict:
     workers = args.workers or len(os.sched_getaffinity(0))
-    with tempfile.TemporaryDirectory() as tmp:
+    with temporary_directory() as tmp:
         src = Path(tmp) / "src"
         per_class = max(1, args.images // 10)
         generate(src, num_classes=10, train_per_class=per_class, val_per_class=1, seed=0, quirks=False,

@@ -9,10 +9,10 @@ from __future__ import annotations
 
 import json
 import os
-import tempfile
 import time
 from pathlib import Path
 
+from alexnet.cli import temporary_directory
 from data.domains import COUNT, NON_NEGATIVE, InputPath
 
 from .common import cpu_name, subcommand
@@ -42,7 +42,7 @@ def run(args) -> dict:
     from data.fastread import default_threads
     from data.reader import SplitData, epoch_order
     threads = args.threads or default_threads()
-    with tempfile.TemporaryDirectory() as tmp:
+    with temporary_directory() as tmp:
         roots = {v: Path(tmp) / f"v{v}" for v in (1, 2)}
         if args.data:
             version = json.loads((Path(args.data) / "meta.json").read_text())["format_version"]

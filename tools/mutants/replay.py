@@ -6,11 +6,11 @@ import shutil
 import signal
 import subprocess
 import sys
-import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from alexnet.cli import temporary_directory
 from data.procs import in_threads
 
 from .catalogue import Mutant, StaleMutant
@@ -62,7 +62,7 @@ def judge(code: int | None) -> str:
 
 def replay_one(m: Mutant, root: Path, files: list[str], timeout: float) -> Verdict:
     start = time.monotonic()
-    with tempfile.TemporaryDirectory(prefix=f"mutant-{m.id}-") as tmp:
+    with temporary_directory(prefix=f"mutant-{m.id}-") as tmp:
         where = Path(tmp)
         copy_tree(root, files, where)
         target = where / m.file
@@ -78,7 +78,7 @@ def replay_one(m: Mutant, root: Path, files: list[str], timeout: float) -> Verdi
 def check_clean(mutants: list[Mutant], root: Path, files: list[str], timeout: float) -> tuple[bool, str]:
     """Every named test passes on an unmutated copy (else a 'kill' would mean nothing)."""
     nodes = tuple(dict.fromkeys(n for m in mutants for n in m.tests))
-    with tempfile.TemporaryDirectory(prefix="mutant-clean-") as tmp:
+    with temporary_directory(prefix="mutant-clean-") as tmp:
         copy_tree(root, files, Path(tmp))
         code, out = run_tests(Path(tmp), nodes, timeout * max(1, len(mutants)))
     return code == 0, out

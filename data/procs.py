@@ -16,15 +16,20 @@ T = TypeVar("T")
 R = TypeVar("R")
 
 
-def die_with_parent(sig: int = signal.SIGKILL) -> None:
+def die_with_parent(sig: int = signal.SIGKILL, parent: int | None = None) -> None:
     """Have the kernel send `sig` to this process when its parent dies (Linux; no-op elsewhere).
 
     A worker whose parent was killed with SIGKILL would otherwise live on as an orphan, holding
-    memory (and on a GPU, device memory) forever.
+    memory (and on a GPU, device memory) forever. A parent that died before the request was in place
+    (a spawned worker or a replica asks after importing its modules: seconds) is told by its pid: `parent`
+    (what its starter said), multiprocessing's record of it, or else the parent of this moment.
     """
     if not sys.platform.startswith("linux"):
         return
-    parent = os.getppid()
+    if parent is None:
+        import multiprocessing
+        known = multiprocessing.parent_process()
+        parent = known.pid if known is not None else os.getppid()
     try:
         libc = ctypes.CDLL(None, use_errno=True)
         libc.prctl(1, int(sig), 0, 0, 0)  # 1 = PR_SET_PDEATHSIG

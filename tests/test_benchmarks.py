@@ -306,3 +306,30 @@ def test_a_stop_inside_a_benchmark_workers_start_waits_until_all_have_started(mo
         with pytest.raises(ChildProcessError):
             os.waitpid(pid, os.WNOHANG)
     assert capfd.readouterr().err == ""
+
+
+def test_a_benchmark_killed_by_sigkill_takes_its_workers_with_it(tmp_path):
+    """A benchmark killed where nothing can clean up (SIGKILL: the out-of-memory killer, a scheduler's hard
+    limit) left its exchange workers running their timed steps, or waiting in the rendezvous, for nobody
+    (seen by hand, 2026-11-29): a spawned worker asked for its parent's death signal only after its imports,
+    and a parent dead by then went unseen. run_workers in a process of its own, killed as its workers start."""
+    import subprocess
+
+    from tests import children
+    code = ("import sys; sys.path[:0] = [sys.argv[1], sys.argv[1] + '/scripts']; from bench.common import run_workers; "
+            "from tests.bench_workers import waits; run_workers(waits, 2)")
+    proc = subprocess.Popen([sys.executable, "-c", code, str(REPO)], cwd=REPO, start_new_session=True,
+                            env={**os.environ, "TMPDIR": str(tmp_path)})  # SIGKILL: its temporary folder stays
+    try:
+        workers = children.wait_until(lambda: [p for p in _session_members(proc.pid) if b"spawn_main" in
+                                               Path(f"/proc/{p}/cmdline").read_bytes()][1:] and
+                                      _session_members(proc.pid), proc, cpu_s=60, what="the workers never started")
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait()
+        deadline = time.monotonic() + children.GONE_S
+        while (left := [p for p in _session_members(proc.pid) if p in workers]) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert left == []
+    finally:
+        for pid in _session_members(proc.pid):
+            os.kill(pid, signal.SIGKILL)

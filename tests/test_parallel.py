@@ -168,6 +168,22 @@ def test_a_killed_launcher_takes_its_replicas_with_it_after_a_checkpoint(train_d
     assert r.returncode == 0 and "resumed from" in r.stdout, r.stderr[-2000:]
 
 
+def test_a_launcher_killed_while_its_replicas_start_takes_them_with_it(train_data, tmp_path):
+    """kill -9 of the launcher in the seconds its replicas spend importing, before they ask the kernel for a
+    signal at its death: a replica then found its parent already gone and trained on, an orphan holding the
+    run's lock. Each is told the launcher's pid, so it stops as it finds it gone."""
+    run = tmp_path / "run"
+    proc = _launch(train_data, run, **{"train.epochs": 100_000})
+    def both_started() -> list[int]:
+        reps = child_pids(proc.pid)
+        return reps if len(reps) == 2 else []
+    reps = children.wait_until(both_started, proc, cpu_s=30, what="replicas did not start")
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait()
+    assert _all_gone(_tree(reps), timeout=children.GONE_S), [(p, children._cmdline(p)) for p in _tree(reps)]
+    assert not (run / "metrics.jsonl").exists()  # they stopped before training
+
+
 @pytest.fixture(scope="module")
 def torchrun_single_node(train_data, tmp_path_factory) -> Path:
     """The documented multi-node command, on one machine: torchrun --nnodes=1 --nproc-per-node=2 (gloo)."""

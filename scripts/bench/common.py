@@ -93,6 +93,14 @@ def cpu_name() -> str:
 
 # -- worker processes -----------------------------------------------------------------------------------
 
+def _worker_main(worker: Callable, *args) -> None:
+    """A worker's entry: it ends with the benchmark, even one killed by SIGKILL (it would go on with its timed
+    steps, or wait in the rendezvous, for nobody)."""
+    from data.procs import die_with_parent
+    die_with_parent()
+    worker(*args)
+
+
 def run_workers(worker: Callable, world: int, *args) -> object:
     """Run worker(rank, world, port, *args, out) in `world` spawned processes; return the JSON that one
     of them wrote to the file `out`. Stopped (a signal, Ctrl-C) or on a worker's failure, the others are
@@ -107,7 +115,8 @@ def run_workers(worker: Callable, world: int, *args) -> object:
     from data.procs import stops_between_calls
     with temporary_directory() as tmp:
         out, port, spawn = Path(tmp) / "result.json", free_port(), mp.get_context("spawn")
-        procs = [spawn.Process(target=worker, args=(rank, world, port, *args, str(out)), daemon=True)
+        procs = [spawn.Process(target=_worker_main, args=(worker, rank, world, port, *args, str(out)),
+                               daemon=True)
                  for rank in range(world)]
         try:
             with stops_between_calls():  # a stop landing in a start cut the bootstrap a worker reads (EOFError)

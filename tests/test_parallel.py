@@ -180,7 +180,13 @@ def test_a_launcher_killed_while_its_replicas_start_takes_them_with_it(train_dat
     reps = children.wait_until(both_started, proc, cpu_s=30, what="replicas did not start")
     os.kill(proc.pid, signal.SIGKILL)
     proc.wait()
-    assert _all_gone(_tree(reps), timeout=children.GONE_S), [(p, children._cmdline(p)) for p in _tree(reps)]
+    tree = _tree(reps)
+    try:
+        assert _all_gone(tree, timeout=children.GONE_S), [(p, children._cmdline(p)) for p in _tree(reps)]
+    finally:
+        for pid in tree + _tree(reps):  # what outlived it does not outlive the test
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
     assert not (run / "metrics.jsonl").exists()  # they stopped before training
 
 

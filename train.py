@@ -34,7 +34,7 @@ from alexnet.checkpoint import CheckpointError  # noqa: E402
 from alexnet.cli import protect_streams  # noqa: E402
 from alexnet.config import Config, ConfigError, load_config, summary  # noqa: E402
 from alexnet.distributed import DistInfo, StartError, print0, setup, teardown  # noqa: E402
-from alexnet.launch import launch_local, launcher_pid, report_gave_up  # noqa: E402
+from alexnet.launch import launch_local, report_gave_up  # noqa: E402
 from alexnet.preflight import check_apart, check_run, describe_start  # noqa: E402
 from alexnet.replica import MeshLayout  # noqa: E402
 from alexnet.rundir import ENV_LOCK_FD, check_run_dir, hold, lock_holder_here  # noqa: E402
@@ -127,7 +127,7 @@ def run_replica(cfg: Config, config_path: str) -> int:
         # Started by a launcher (ours or torchrun's agent): if it dies, even by SIGKILL, this replica gets
         # SIGTERM, which checkpoints with the other replicas and stops, instead of training on unwatched and
         # holding run.dir's lock. Before the handlers below exist, SIGTERM just ends it.
-        die_with_parent(signal.SIGTERM, launcher_pid())
+        die_with_parent(signal.SIGTERM)  # torchrun's agent (ours told its pid: protect_streams)
     # Before setup: a stop signal during the rendezvous is a request the ranks agree on at the first step
     # (checkpoint, exit 128 + N), not one rank leaving while the others wait for it in the group's start.
     install_signal_handlers(stop)

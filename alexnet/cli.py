@@ -17,7 +17,7 @@ from typing import Any, TextIO, TypeVar
 from data.batchfile import BatchFileError
 from data.domains import COUNT, OneLineParser  # noqa: F401 (re-exported: the scripts' parser)
 from data.fsutil import os_error_exit_code, os_error_message
-from data.procs import stops_between_calls
+from data.procs import follow_parent, stops_between_calls
 
 from . import startup
 
@@ -165,8 +165,10 @@ def protect_streams(prog: str, lost_stdout: str = "", keep_start_handlers: bool 
     (else the next file opened would take their number, and output would land in it), and stdout and stderr
     become _Lossless. With `lost_stdout`, a vanished stdout is said once on stderr: `prog: lost_stdout`.
     Stop signals go back to Python's handling from startup.quiet_start's, unless `keep_start_handlers`
-    (train.py: its own handlers take over later). The imports are done: `startup.imported()`."""
+    (train.py: its own handlers take over later). The imports are done: `startup.imported()`. A process
+    started by one that is to take it along when it dies (procs.watched_env) now asks for that."""
     startup.imported()
+    follow_parent()
     if not keep_start_handlers:
         startup.done()
     for fd, name, mode in ((0, "stdin", "r"), (1, "stdout", "w"), (2, "stderr", "w")):

@@ -26,13 +26,12 @@ import sys
 import threading
 import time
 
+from data.procs import watched_env
+
 from . import startup
 
 ENV_HEARTBEAT = "ALEXNET_HEARTBEAT_FD"
 ENV_LOCK_FD = "ALEXNET_RUN_LOCK_FD"  # run.dir's lock, held by the launcher and inherited (alexnet/rundir.py)
-# The launcher's pid: a replica it started, asking to die with it after its imports, tells a launcher that died
-# meanwhile (then its parent is whoever adopted it) from one that lives.
-ENV_LAUNCHER_PID = "ALEXNET_LAUNCHER_PID"
 _RECORD = startup.RECORD  # rank, collectives entered, kind
 _PROGRESS, _ALIVE, _GAVE_UP, _LISTENING = 0, 1, 2, startup.LISTENING
 # A replica that never says it listens (not train.py) gets a forwarded stop signal this long after it came.
@@ -137,9 +136,9 @@ class Launcher:
             if s != signal.SIGHUP or signal.getsignal(s) != signal.SIG_IGN:
                 signal.signal(s, self._forward)
         for rank in range(replicas):
-            env = {**os.environ, "RANK": str(rank), "LOCAL_RANK": str(rank),
+            env = {**watched_env(), "RANK": str(rank), "LOCAL_RANK": str(rank),
                    "WORLD_SIZE": str(replicas), "LOCAL_WORLD_SIZE": str(replicas), "MASTER_ADDR": "127.0.0.1",
-                   "MASTER_PORT": str(port), ENV_HEARTBEAT: str(write_fd), ENV_LAUNCHER_PID: str(os.getpid())}
+                   "MASTER_PORT": str(port), ENV_HEARTBEAT: str(write_fd)}
             if threads:
                 env["OMP_NUM_THREADS"] = threads
             fds = (write_fd,)
@@ -281,13 +280,6 @@ class Launcher:
         msg = blame or f"replica rank {rank} (pid {self.procs[rank].pid}) {_how(code)}"
         print(f"train.py: {msg}; stopping the other replicas", file=sys.stderr, flush=True)
         return 1
-
-
-def launcher_pid() -> int | None:
-    """The pid of the launcher that started this replica (taken from the environment, so that a process this
-    one starts does not take it for its own parent's); None under torchrun or alone."""
-    pid = os.environ.pop(ENV_LAUNCHER_PID, None)
-    return int(pid) if pid else None
 
 
 def launch_local(script: str, argv: list[str], replicas: int, timeout: float, lock_fd: int | None = None) -> int:

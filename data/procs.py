@@ -8,12 +8,30 @@ import os
 import signal
 import sys
 import threading
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import TypeVar
 
 T = TypeVar("T")
 R = TypeVar("R")
+
+
+# Set by a process in the environment of a child that is to end with it (watched_env): the child, its imports
+# done, asks for SIGTERM at that pid's death and ends at once if it is gone already (follow_parent).
+ENV_PARENT = "ALEXNET_PARENT_PID"
+
+
+def watched_env(env: Mapping[str, str] | None = None) -> dict[str, str]:
+    """`env` (default: this process's) for a child that is to end with this process, SIGKILL included."""
+    return {**(os.environ if env is None else env), ENV_PARENT: str(os.getpid())}
+
+
+def follow_parent(sig: int = signal.SIGTERM) -> None:
+    """End with the process that started this one, if it asked (ENV_PARENT). The variable is taken out of
+    the environment, so that this process's own children are not told their grandparent's pid."""
+    pid = os.environ.pop(ENV_PARENT, None)
+    if pid:
+        die_with_parent(sig, int(pid))
 
 
 def die_with_parent(sig: int = signal.SIGKILL, parent: int | None = None) -> None:
@@ -35,8 +53,21 @@ def die_with_parent(sig: int = signal.SIGKILL, parent: int | None = None) -> Non
         libc.prctl(1, int(sig), 0, 0, 0)  # 1 = PR_SET_PDEATHSIG
     except (OSError, AttributeError):
         return
-    if os.getppid() != parent:  # the parent died before the request was in place
+    # The parent died before the request was in place (this process was adopted). A pid that is not the
+    # parent but lives is a grandparent's, passed on by a process in between that did not take it (torchrun's
+    # agent): the kernel's request watches that process instead.
+    if os.getppid() != parent and not _alive(parent):
         os.kill(os.getpid(), sig)
+
+
+def _alive(pid: int) -> bool:
+    """Whether process `pid` runs (a zombie has died: it only waits for its parent to read its status)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            stat = f.read()
+    except OSError:
+        return False
+    return stat[stat.rindex(")") + 2:][:1] not in ("Z", "X")
 
 
 def child_pids(pid: int) -> list[int]:

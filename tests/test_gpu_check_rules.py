@@ -89,3 +89,16 @@ def test_a_steps_temporary_files_go_with_its_work_folder(tmp_path):
     made = subprocess.run([sys.executable, "-c", "import tempfile; print(tempfile.mkdtemp(prefix='left-'))"],
                           env=runner.step_env(ctx), capture_output=True, text=True, check=True).stdout.strip()
     assert Path(made).parent == ctx.work / "tmp" and Path(made).is_dir()
+
+
+def test_a_steps_commands_end_with_the_process_that_starts_them():
+    """Steps and their commands run in sessions of their own (a kill of gpu_check's process group misses them):
+    each is given its starter's pid (procs.follow_parent, in every script's protect_streams), so gpu_check
+    killed by SIGKILL takes them along."""
+    import os
+
+    from gpucheck import runner
+
+    from data.procs import ENV_PARENT
+    assert commands.clean_env()[ENV_PARENT] == str(os.getpid())
+    assert runner.step_env(runner.Ctx(REPO / "nowhere", "cpu", 0))[ENV_PARENT] == str(os.getpid())

@@ -17,20 +17,23 @@ from tests import children
 from tests.conftest import REPO
 
 # Runs each script given as `--help` in this one process (runpy, as `python SCRIPT --help` would), and
-# writes {script: {"code": exit code, "help": stdout, "collecting": gc.isenabled() after it}} to the file named first.
+# writes {script: {"code": exit code, "help": stdout, "collecting": gc.isenabled() after it, "follows": whether
+# it took the parent's pid its starter gave it (procs.follow_parent)}} to the file named first.
 DRIVER = r"""
-import contextlib, gc, io, json, runpy, sys
+import contextlib, gc, io, json, os, runpy, sys
 out, scripts, results = sys.argv[1], sys.argv[2:], {}
 for script in scripts:
     buf, code, path = io.StringIO(), 0, list(sys.path)
     sys.argv = [script, "--help"]
+    os.environ["ALEXNET_PARENT_PID"] = str(os.getppid())  # as procs.watched_env says it: this test's process
     with contextlib.redirect_stdout(buf):
         try:
             runpy.run_path(script, run_name="__main__")
         except SystemExit as e:
             code = e.code or 0
     sys.path[:] = path
-    results[script] = {"code": code, "help": buf.getvalue(), "collecting": gc.isenabled()}
+    results[script] = {"code": code, "help": buf.getvalue(), "collecting": gc.isenabled(),
+                       "follows": "ALEXNET_PARENT_PID" not in os.environ}
 with open(out, "w") as f:
     json.dump(results, f)
 """
@@ -93,6 +96,9 @@ def test_every_user_script_help_ends_with_an_example(tmp_path):
     # quiet_start turned the collector off for the imports; protect_streams turns it back on (a script that
     # skipped it would train for days without collecting cycles)
     bad += [f"{s}: the garbage collector is still off after --help" for s in scripts if not results[s]["collecting"]]
+    # and asks to end with the process that started it (a benchmark's train.py runs, gpu_check's steps and their
+    # commands, our launcher's replicas): one that did not would outlive a starter killed by SIGKILL
+    bad += [f"{s}: did not follow its parent (procs.follow_parent)" for s in scripts if not results[s]["follows"]]
     assert not bad, "\n".join(bad)
 
 

@@ -13,6 +13,7 @@ from pathlib import Path
 
 from alexnet.cli import temporary_directory
 from data.domains import COUNT, NON_NEGATIVE, device
+from data.procs import watched_env
 
 from .common import REPO, add_model_args, default_crop, device_name, join_as, run_workers, subcommand, timed_steps
 from .workload import constant_batch_step, make_random_dataset
@@ -126,7 +127,7 @@ def _table1(args) -> list[dict]:
                 if args.devices:
                     over.append(f"parallel.devices=[{','.join(args.devices)}]")
                 r = subprocess.run([sys.executable, str(REPO / "train.py"), str(REPO / "configs" / "alexnet_1gpu.yaml"),
-                                    *over], capture_output=True, text=True)
+                                    *over], capture_output=True, text=True, env=watched_env())
                 if r.returncode != 0:
                     raise RuntimeError(f"train.py failed for {replicas} replicas, {loading}:\n{r.stderr[-2000:]}")
                 rec = [x for x in map(json.loads, (run / "metrics.jsonl").read_text().splitlines())

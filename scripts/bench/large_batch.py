@@ -45,7 +45,7 @@ from data.domains import (
     output_of,
     text,
 )
-from data.procs import in_threads
+from data.procs import in_threads, watched_env
 
 from .common import REPO, cpu_name, subcommand
 
@@ -242,7 +242,7 @@ def train_one(r: dict, data: Path, runs: Path, args) -> dict:
     """One train.py process (one torch thread): its last validation's errors; a run whose loss or weights
     became NaN or inf (train.py stops it, exit 1) counts as chance."""
     run_dir = runs / run_name(r)
-    env = dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1")
+    env = watched_env({**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"})  # ends with the benchmark
     start = time.perf_counter()
     proc = subprocess.run([sys.executable, str(REPO / "train.py"), str(REPO / "configs" / "demo.yaml"),
                            *overrides(r, data, run_dir, args)], cwd=REPO, env=env, capture_output=True, text=True)

@@ -13,7 +13,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from data.procs import child_pids  # light: no torch
+from data.procs import child_pids, watched_env  # light: no torch
 
 from .context import Ctx, StepFailed, StepTimedOut
 
@@ -38,8 +38,9 @@ class Done:
 
 
 def clean_env() -> dict:
-    """This environment without torch.distributed's variables (train.py would think it is a replica)."""
-    return {**{k: v for k, v in os.environ.items() if k not in DIST_VARS}, "PYTHONUNBUFFERED": "1"}
+    """This environment without torch.distributed's variables (train.py would think it is a replica), for a
+    child that ends with this process (its own session is out of reach of a kill of this one's group)."""
+    return watched_env({**{k: v for k, v in os.environ.items() if k not in DIST_VARS}, "PYTHONUNBUFFERED": "1"})
 
 
 def kill_tree(pid: int) -> None:

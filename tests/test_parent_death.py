@@ -1,0 +1,116 @@
+"""A child told to end with the process that started it (data.procs.watched_env, follow_parent) ends when that
+process is gone, even one gone before the child asked (it asks after its imports, seconds after its start), and
+only then: a pid that names a living process other than its parent (a grandparent's, passed on by torchrun's
+agent) leaves it running."""
+from __future__ import annotations
+
+import ast
+import os
+import subprocess
+import sys
+import time
+
+import pytest
+
+from tests.conftest import REPO
+
+# P (this script) forks C and then, by `case`, exits or waits for C. C waits for "go" on stdin (the test's pipe,
+# inherited), asks to follow the pid the case names, and says "alive" on stdout if it still lives.
+FAMILY = r"""
+import os, signal, sys, time
+sys.path.insert(0, sys.argv[2])
+from data import procs
+case, grandparent = sys.argv[1], int(sys.argv[3])
+parent = os.getpid()
+if os.fork() == 0:
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    sys.stdin.readline()
+    if case in ("reaped", "zombie"):
+        while os.getppid() == parent:  # adopted once P has exited
+            time.sleep(0.01)
+    os.environ[procs.ENV_PARENT] = str(grandparent if case == "grandparent" else parent)
+    procs.follow_parent()
+    assert procs.ENV_PARENT not in os.environ
+    time.sleep(0.3)  # a signal on its way lands
+    print("alive", flush=True)
+    os._exit(0)
+if case in ("reaped", "zombie"):
+    os._exit(0)
+os.wait()
+"""
+
+
+def _state(pid: int) -> str:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            stat = f.read()
+    except OSError:
+        return ""
+    return stat[stat.rindex(")") + 2:][:1]
+
+
+@pytest.mark.processes
+@pytest.mark.parametrize("case, lives", [("reaped", False), ("zombie", False), ("grandparent", True),
+                                         ("parent", True)])
+def test_a_child_follows_its_parent_only_once_that_parent_is_gone(case, lives):
+    """reaped: P exited and was waited for before C asked; zombie: P exited, not yet waited for (a dead
+    process: it only waits for its status to be read); grandparent: the pid is this test's, alive, not C's
+    parent; parent: P, alive."""
+    p = subprocess.Popen([sys.executable, "-c", FAMILY, case, str(REPO), str(os.getpid())], stdin=subprocess.PIPE,
+                         stdout=subprocess.PIPE, text=True)
+    if case == "reaped":
+        p.wait()
+    elif case == "zombie":
+        deadline = time.monotonic() + 30
+        while _state(p.pid) != "Z":  # exited, and not waited for
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+    p.stdin.write("go\n")
+    p.stdin.close()
+    out = p.stdout.read()  # until C and P have both closed it: C has ended
+    p.wait()
+    assert out == ("alive\n" if lives else ""), case
+
+
+# What gives a child the starter's pid: procs.watched_env, and gpu_check's environments built on it.
+WATCHED = {"watched_env", "clean_env", "step_env"}
+
+
+def _python_children_without_watch(text: str, name: str) -> list[str]:
+    """`name:line` of each subprocess.run/Popen in `text` that starts a Python process (sys.executable first)
+    without an env from WATCHED, in the call or in the assignment of the name it passes."""
+    bad = []
+    for func in [n for n in ast.walk(ast.parse(text)) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))]:
+        assigned = {t.id: n.value for n in ast.walk(func) if isinstance(n, ast.Assign)
+                    for t in n.targets if isinstance(t, ast.Name)}
+        for call in [n for n in ast.walk(func) if isinstance(n, ast.Call)]:
+            f = call.func
+            if not (isinstance(f, ast.Attribute) and f.attr in ("run", "Popen") and
+                    isinstance(f.value, ast.Name) and f.value.id == "subprocess" and call.args):
+                continue
+            argv = call.args[0]
+            argv = assigned.get(argv.id, argv) if isinstance(argv, ast.Name) else argv
+            first = argv.elts[0] if isinstance(argv, ast.List) and argv.elts else None
+            if first is None or ast.unparse(first) != "sys.executable":
+                continue
+            env = next((k.value for k in call.keywords if k.arg == "env"), None)
+            env = assigned.get(env.id, env) if isinstance(env, ast.Name) else env
+            names = {n.id for n in ast.walk(env) if isinstance(n, ast.Name)} if env is not None else set()
+            if not names & WATCHED:
+                bad.append(f"{name}:{call.lineno}")
+    return bad
+
+
+def test_every_python_process_the_tools_start_is_told_to_end_with_them():
+    """Each train.py run, step or replica a tool starts gets the starter's pid in its environment (its
+    protect_streams then follows it: tests/test_script_help.py checks that every script does), so a tool
+    killed by SIGKILL takes them along; gpu_check's steps and their commands run in sessions of their own,
+    which a kill of its process group misses. The walk is seen to find a bare start, planted."""
+    files = [REPO / "train.py", *(p for top in ("alexnet", "data", "scripts")
+                                 for p in sorted((REPO / top).rglob("*.py")))]
+    found = [hit for path in files for hit in _python_children_without_watch(path.read_text(), str(path))]
+    assert found == []
+    text = (REPO / "scripts" / "bench" / "large_batch.py").read_text()
+    assert _python_children_without_watch(text.replace("env=env, capture_output", "capture_output", 1), "plant") != []
+    text = (REPO / "alexnet" / "launch.py").read_text()
+    assert _python_children_without_watch(text.replace("**watched_env()", "**os.environ", 1), "plant") != []

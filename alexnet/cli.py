@@ -34,11 +34,12 @@ positive = COUNT  # argparse type: an integer >= 1 (data/domains.py declares eve
 
 
 class Stopped(KeyboardInterrupt):
-    """A stop signal (SIGTERM, SIGHUP) turned into an exception, as Ctrl-C is one."""
+    """A stop signal (SIGTERM, SIGHUP) turned into an exception, as Ctrl-C is one. `late`: raised when the
+    block it stopped had ended anyway (its exception was lost in a finalizer): the block's work was done."""
 
-    def __init__(self, signum: int):
+    def __init__(self, signum: int, late: bool = False):
         super().__init__(signal.Signals(signum).name)
-        self.signum = signum
+        self.signum, self.late = signum, late
 
 
 @contextlib.contextmanager
@@ -68,7 +69,7 @@ def stopping_on_signals() -> Iterator[None]:
         for sig, old in saved.items():
             signal.signal(sig, old)
     if got:  # the block went on past a stop whose exception was lost
-        raise Stopped(got[0])
+        raise Stopped(got[0], late=True)
 
 
 @contextlib.contextmanager
@@ -87,6 +88,12 @@ def temporary_directory(**kwargs: Any) -> Iterator[str]:
                 folder.cleanup()
 
 
+def late_or(e: KeyboardInterrupt, said: str) -> str:
+    """What an interruption's line says after "interrupted": `said` (what a stop leaves), or, where the stop
+    came only once the work was done (Stopped.late), that."""
+    return " after its work was done" if getattr(e, "late", False) else said
+
+
 def interrupt_code(e: KeyboardInterrupt) -> int:
     """128 + the signal: SIGINT for Ctrl-C, the signal of a Stopped."""
     return 128 + (e.signum if isinstance(e, Stopped) else signal.SIGINT)
@@ -98,7 +105,8 @@ def guarded(prog: str, work: Callable[[], T], interrupted: str = "") -> tuple[in
     Bad input (CheckpointError; ValueError, which DataError, ConfigError and FormatError are; BatchFileError,
     a damaged batch file) is 2; another OSError (unwritable output, disk full) is the operating system's code;
     Ctrl-C is 130, SIGTERM and SIGHUP 128 + N (raised as exceptions meanwhile: temporary files are removed),
-    their line `prog: interrupted` followed by `interrupted` (what it left, e.g.).
+    their line `prog: interrupted` followed by `interrupted` (what it left, e.g.), or, for a stop that came
+    too late to cut the work short (Stopped.late), by "after its work was done".
     """
     from .checkpoint import CheckpointError  # here: the scripts of protect_streams alone need not import torch
     try:
@@ -112,7 +120,7 @@ def guarded(prog: str, work: Callable[[], T], interrupted: str = "") -> tuple[in
         return os_error_exit_code(e), None
     except KeyboardInterrupt as e:
         by = f" by {e}" if isinstance(e, Stopped) else ""
-        print(f"{prog}: interrupted{by}{interrupted}", file=sys.stderr)
+        print(f"{prog}: interrupted{by}{late_or(e, interrupted)}", file=sys.stderr)
         return interrupt_code(e), None
 
 

@@ -20,7 +20,7 @@ from alexnet.startup import quiet_start  # noqa: E402
 
 quiet_start(__name__, "plot.py")  # a Ctrl-C while torch imports: one line, not a traceback
 
-from alexnet.cli import interrupt_code, protect_streams, stopping_on_signals  # noqa: E402
+from alexnet.cli import interrupt_code, late_or, protect_streams, stopping_on_signals  # noqa: E402
 from alexnet.metrics import read_metrics  # noqa: E402
 from data.domains import InputPath, OneLineParser, OutputPath, holding  # noqa: E402
 from data.fsutil import commit, temp_path  # noqa: E402
@@ -141,7 +141,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"plot.py: error: cannot write {out} ({e})", file=sys.stderr)
         return 2
     except KeyboardInterrupt as e:
-        print(f"plot.py: interrupted; {out} not written", file=sys.stderr)
+        print(f"plot.py: interrupted{late_or(e, f'; {out} not written')}", file=sys.stderr)
         return interrupt_code(e)
     print(f"learning curve of {len(curves)} run(s): {out}")
     return 0

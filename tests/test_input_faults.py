@@ -487,6 +487,30 @@ def test_a_stop_whose_exception_a_finalizer_lost_still_stops_the_block():
     assert signal.getsignal(signal.SIGTERM) == before
 
 
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")  # the lost exception: the case
+def test_a_stop_that_came_after_the_work_says_so_and_one_during_it_says_what_it_left(capsys):
+    """The line of a tool stopped by a signal whose exception a finalizer lost (so the work ran to its end:
+    evaluate.py's CSV written) said "nothing written (earlier outputs are unchanged)". Such a stop says
+    "after its work was done"; one that cut the work short still says what it left. Exit 143 both ways."""
+    from alexnet import cli
+
+    class SignalsWhenFreed:
+        def __del__(self):
+            os.kill(os.getpid(), signal.SIGTERM)
+
+    def finished() -> str:
+        SignalsWhenFreed()
+        return "done"
+
+    def cut_short() -> str:
+        os.kill(os.getpid(), signal.SIGTERM)
+        return "never"
+    for work, said in ((finished, "tool.py: interrupted by SIGTERM after its work was done"),
+                       (cut_short, "tool.py: interrupted by SIGTERM; nothing written")):
+        assert cli.guarded("tool.py", work, interrupted="; nothing written") == (143, None)
+        assert capsys.readouterr().err.splitlines() == [said]
+
+
 def test_a_stop_signal_at_any_write_inside_torch_save_is_the_stop(monkeypatch, tmp_path):
     """torch.save writes through the file's write(), called from its C++ zip writer: a SIGTERM landing in any of
     those calls made torch end with its own RuntimeError ("unexpected pos"), a traceback and exit 1 instead of

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from data.procs import follow_parent
 from tests import children
 
 REPO = Path(__file__).resolve().parents[1]
@@ -269,6 +270,7 @@ def pytest_configure(config):
         signal.signal(signal.SIGINT, signal.default_int_handler)
     if signal.getsignal(signal.SIGHUP) == signal.SIG_IGN:
         signal.signal(signal.SIGHUP, _outlive_the_terminal)
+    follow_parent()  # a suite a tool starts (a mutant's replay, gpu_check's GPU tests) ends with that tool
     if getattr(getattr(config, "option", None), "numprocesses", None) and not hasattr(config, "workerinput"):
         from tests import rewrite_cache  # xdist's controller: the workers' rewritten test modules, once
         config.stash[_REWRITING] = rewrite_cache.start(config)

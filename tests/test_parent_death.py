@@ -72,18 +72,50 @@ def test_a_child_follows_its_parent_only_once_that_parent_is_gone(case, lives):
     assert out == ("alive\n" if lives else ""), case
 
 
-# What gives a child the starter's pid: procs.watched_env, and gpu_check's environments built on it.
-WATCHED = {"watched_env", "clean_env", "step_env"}
+def _project_trees() -> dict[str, ast.Module]:
+    """The parsed Python files of the library, the scripts and the tools, by path."""
+    files = [REPO / "train.py", *(p for top in ("alexnet", "data", "scripts", "tools")
+                                  for p in sorted((REPO / top).rglob("*.py")))]
+    return {str(path): ast.parse(path.read_text()) for path in files}
 
 
-def _python_children_without_watch(text: str, name: str) -> list[str]:
-    """`name:line` of each subprocess.run/Popen in `text` that starts a Python process (sys.executable first)
-    without an env from WATCHED, in the call or in the assignment of the name it passes."""
+def _outer_functions(tree: ast.AST) -> list[ast.FunctionDef | ast.AsyncFunctionDef]:
+    """The functions of a module or class not inside another function (each walk of one covers its nested)."""
+    found = []
+    for node in ast.iter_child_nodes(tree):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            found.append(node)
+        elif isinstance(node, (ast.ClassDef, ast.If, ast.Try, ast.With)):
+            found += _outer_functions(node)
+    return found
+
+
+def _watching(trees: dict[str, ast.Module]) -> set[str]:
+    """What gives a child the starter's pid: procs.watched_env, and every function of `trees` that returns
+    what one of these gives (gpu_check's clean_env and step_env, the fault table's environment), found, not
+    listed."""
+    uses: dict[str, set[str]] = {}
+    for tree in trees.values():
+        for f in _outer_functions(tree):
+            returned = [r.value for r in ast.walk(f) if isinstance(r, ast.Return) and r.value is not None]
+            uses.setdefault(f.name, set()).update(n.id for v in returned for n in ast.walk(v)
+                                                  if isinstance(n, ast.Name))
+    watched, grew = {"watched_env"}, True
+    while grew:
+        more = {name for name, names in uses.items() if names & watched}
+        grew, watched = not more <= watched, watched | more
+    return watched
+
+
+def _python_children_without_watch(tree: ast.Module, name: str, watched: set[str]) -> list[str]:
+    """`name:line` of each subprocess.run/Popen in `tree` that starts a Python process (sys.executable first)
+    without an env from `watched`, in the call or in the assignment of the name it passes."""
     bad = []
-    for func in [n for n in ast.walk(ast.parse(text)) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))]:
-        assigned = {t.id: n.value for n in ast.walk(func) if isinstance(n, ast.Assign)
-                    for t in n.targets if isinstance(t, ast.Name)}
-        for call in [n for n in ast.walk(func) if isinstance(n, ast.Call)]:
+    for func in _outer_functions(tree):
+        nodes = list(ast.walk(func))
+        assigned = {t.id: n.value for n in nodes if isinstance(n, ast.Assign) for t in n.targets
+                    if isinstance(t, ast.Name)}
+        for call in [n for n in nodes if isinstance(n, ast.Call)]:
             f = call.func
             if not (isinstance(f, ast.Attribute) and f.attr in ("run", "Popen") and
                     isinstance(f.value, ast.Name) and f.value.id == "subprocess" and call.args):
@@ -96,7 +128,7 @@ def _python_children_without_watch(text: str, name: str) -> list[str]:
             env = next((k.value for k in call.keywords if k.arg == "env"), None)
             env = assigned.get(env.id, env) if isinstance(env, ast.Name) else env
             names = {n.id for n in ast.walk(env) if isinstance(n, ast.Name)} if env is not None else set()
-            if not names & WATCHED:
+            if not names & watched:
                 bad.append(f"{name}:{call.lineno}")
     return bad
 
@@ -106,11 +138,11 @@ def test_every_python_process_the_tools_start_is_told_to_end_with_them():
     protect_streams then follows it: tests/test_script_help.py checks that every script does), so a tool
     killed by SIGKILL takes them along; gpu_check's steps and their commands run in sessions of their own,
     which a kill of its process group misses. The walk is seen to find a bare start, planted."""
-    files = [REPO / "train.py", *(p for top in ("alexnet", "data", "scripts")
-                                 for p in sorted((REPO / top).rglob("*.py")))]
-    found = [hit for path in files for hit in _python_children_without_watch(path.read_text(), str(path))]
-    assert found == []
-    text = (REPO / "scripts" / "bench" / "large_batch.py").read_text()
-    assert _python_children_without_watch(text.replace("env=env, capture_output", "capture_output", 1), "plant") != []
-    text = (REPO / "alexnet" / "launch.py").read_text()
-    assert _python_children_without_watch(text.replace("**watched_env()", "**os.environ", 1), "plant") != []
+    trees = _project_trees()
+    watched = _watching(trees)
+    assert {"watched_env", "clean_env", "step_env", "environment"} <= watched
+    assert [hit for path, tree in trees.items() for hit in _python_children_without_watch(tree, path, watched)] == []
+    for path, bare in (("scripts/bench/large_batch.py", ("env=env, capture_output", "capture_output")),
+                       ("alexnet/launch.py", ("**watched_env()", "**os.environ"))):
+        planted = ast.parse((REPO / path).read_text().replace(*bare, 1))
+        assert _python_children_without_watch(planted, path, watched) != [], path

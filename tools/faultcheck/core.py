@@ -28,6 +28,8 @@ from contextlib import ExitStack
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from data.procs import watched_env
+
 REPO = Path(__file__).resolve().parents[2]
 KINDS = {"silent": "silent wrong result", "lost": "lost work", "traceback": "traceback, not one line",
          "misleading": "misleading failure", "accepted": "good input accepted", "hang": "hangs, no answer"}
@@ -167,7 +169,9 @@ def inject(code: str, *command: str) -> list[str]:
 
 def environment() -> dict[str, str]:
     # One thread per process: the cases share a small machine with whatever else runs on it.
-    return {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
+    # And each ends with the table's process (procs.follow_parent), which a case's own session would not.
+    return watched_env({**os.environ, "PYTHONUNBUFFERED": "1",
+                        "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")})
 
 
 def must(argv: list[str]) -> None:

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from alexnet.cli import temporary_directory
-from data.procs import in_threads
+from data.procs import in_threads, watched_env
 
 from .catalogue import Mutant, StaleMutant
 
@@ -41,7 +41,8 @@ def copy_tree(root: Path, files: list[str], dest: Path) -> None:
 
 def run_tests(where: Path, nodes: tuple[str, ...], timeout: float) -> tuple[int | None, str]:
     """(pytest's exit code or None on timeout, the tail of its output), run in `where`."""
-    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}  # the copy's modules, not the checkout's
+    # the copy's modules, not the checkout's; the suite ends with this process (tests/conftest.py follows it)
+    env = watched_env({k: v for k, v in os.environ.items() if k != "PYTHONPATH"})
     proc = subprocess.Popen([sys.executable, *PYTEST, *nodes], cwd=where, env=env, stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True, start_new_session=True)
     try:

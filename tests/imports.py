@@ -25,7 +25,7 @@ def imports(path: Path, repo: Path = REPO) -> list[tuple[int, str, list[str]]]:
 def _parsed_imports(path: Path, repo: Path, _mtime_ns: int, _size: int) -> list[tuple[int, str, list[str]]]:
     package = _package(path, repo)
     found = []
-    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+    for node in ast.walk(parsed(path)):
         if isinstance(node, ast.Import):
             found += [(node.lineno, a.name, []) for a in node.names]
         elif isinstance(node, ast.ImportFrom):
@@ -37,3 +37,26 @@ def _parsed_imports(path: Path, repo: Path, _mtime_ns: int, _size: int) -> list[
                 name = node.module or ""
             found.append((node.lineno, name, [a.name for a in node.names]))
     return found
+
+
+def source_files(repo: Path = REPO) -> list[Path]:
+    """The Python files of the library, the scripts and the tools (not the tests)."""
+    return [repo / "train.py", *(path for top in ("alexnet", "data", "layers", "scripts", "tools")
+                                 for path in sorted((repo / top).rglob("*.py")))]
+
+
+def mentioning(word: str, repo: Path = REPO) -> dict[Path, ast.Module]:
+    """The parsed source_files whose text holds `word` (a walk for calls of a module needs no other file:
+    parsing them all took a second of the edit loop's tier per walk)."""
+    return {path: parsed(path) for path in source_files(repo) if word in path.read_text()}
+
+
+def parsed(path: Path) -> ast.Module:
+    """`path` parsed, once per version of the file (a planted file is parsed anew)."""
+    stat = path.stat()
+    return _parsed(path, stat.st_mtime_ns, stat.st_size)
+
+
+@functools.cache
+def _parsed(path: Path, _mtime_ns: int, _size: int) -> ast.Module:
+    return ast.parse(path.read_text(), str(path))

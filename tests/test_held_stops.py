@@ -17,6 +17,7 @@ import pytest
 from alexnet import cli
 from data.procs import stops_between_calls
 from tests.conftest import REPO, in_fast_tier
+from tests.imports import mentioning, source_files
 
 
 def _fill(folder: str) -> None:
@@ -141,18 +142,13 @@ def _held_in_a_thread() -> object:
 _LEAVING = {"TemporaryDirectory", "mkdtemp", "mkstemp", "NamedTemporaryFile"}
 
 
-def _project_files() -> list[Path]:
-    """The Python files of the library, the scripts and the tools (not the tests)."""
-    return [REPO / "train.py", *(path for top in ("alexnet", "data", "layers", "scripts", "tools")
-                                 for path in sorted((REPO / top).rglob("*.py")))]
-
-
-def _leaving_calls(path: Path) -> list[str]:
-    """`file:line name` of each reference to tempfile's leaving calls, however imported."""
-    found = []
-    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+def _leaving_calls(path: Path, tree: ast.Module) -> list[str]:
+    """`file:line name` of each reference to tempfile's leaving calls in `tree` (`path`), however imported."""
+    found, module = [], {"tempfile"} | {a.asname for n in ast.walk(tree) if isinstance(n, ast.Import)
+                                         for a in n.names if a.name == "tempfile" and a.asname}
+    for node in ast.walk(tree):
         if isinstance(node, ast.Attribute) and node.attr in _LEAVING and \
-                isinstance(node.value, ast.Name) and node.value.id == "tempfile":
+                isinstance(node.value, ast.Name) and node.value.id in module:
             found.append(f"{path.relative_to(REPO)}:{node.lineno} tempfile.{node.attr}")
         elif isinstance(node, ast.ImportFrom) and node.module == "tempfile":
             found += [f"{path.relative_to(REPO)}:{node.lineno} from tempfile import {a.name}"
@@ -163,12 +159,10 @@ def _leaving_calls(path: Path) -> list[str]:
 def test_every_temporary_folder_of_the_project_is_made_with_the_stops_held():
     """The library, the scripts and the tools make temporary folders through cli.temporary_directory only
     (where the stops are held), so one added later is covered. The walk is seen to find: the helper's own."""
-    files = _project_files()
-    assert REPO / "alexnet" / "cli.py" in files and len(files) > 100
-    assert _leaving_calls(REPO / "alexnet" / "cli.py") == ["alexnet/cli.py:" + str(_line_of_helper()) +
-                                                           " tempfile.TemporaryDirectory"]
-    found = [hit for path in files if path != REPO / "alexnet" / "cli.py" for hit in _leaving_calls(path)]
-    assert found == []
+    trees, cli_py = mentioning("tempfile"), REPO / "alexnet" / "cli.py"
+    assert len(source_files()) > 100 and cli_py in trees
+    assert _leaving_calls(cli_py, trees[cli_py]) == [f"alexnet/cli.py:{_line_of_helper()} tempfile.TemporaryDirectory"]
+    assert [hit for path, tree in trees.items() if path != cli_py for hit in _leaving_calls(path, tree)] == []
 
 
 def _line_of_helper() -> int:

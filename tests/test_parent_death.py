@@ -13,6 +13,7 @@ import time
 import pytest
 
 from tests.conftest import REPO
+from tests.imports import mentioning
 
 # P (this script) forks C and then, by `case`, exits or waits for C. C waits for "go" on stdin (the test's pipe,
 # inherited), asks to follow the pid the case names, and says "alive" on stdout if it still lives.
@@ -72,13 +73,6 @@ def test_a_child_follows_its_parent_only_once_that_parent_is_gone(case, lives):
     assert out == ("alive\n" if lives else ""), case
 
 
-def _project_trees() -> dict[str, ast.Module]:
-    """The parsed Python files of the library, the scripts and the tools, by path."""
-    files = [REPO / "train.py", *(p for top in ("alexnet", "data", "scripts", "tools")
-                                  for p in sorted((REPO / top).rglob("*.py")))]
-    return {str(path): ast.parse(path.read_text()) for path in files}
-
-
 def _outer_functions(tree: ast.AST) -> list[ast.FunctionDef | ast.AsyncFunctionDef]:
     """The functions of a module or class not inside another function (each walk of one covers its nested)."""
     found = []
@@ -90,21 +84,24 @@ def _outer_functions(tree: ast.AST) -> list[ast.FunctionDef | ast.AsyncFunctionD
     return found
 
 
-def _watching(trees: dict[str, ast.Module]) -> set[str]:
-    """What gives a child the starter's pid: procs.watched_env, and every function of `trees` that returns
-    what one of these gives (gpu_check's clean_env and step_env, the fault table's environment), found, not
-    listed."""
-    uses: dict[str, set[str]] = {}
-    for tree in trees.values():
-        for f in _outer_functions(tree):
-            returned = [r.value for r in ast.walk(f) if isinstance(r, ast.Return) and r.value is not None]
-            uses.setdefault(f.name, set()).update(n.id for v in returned for n in ast.walk(v)
-                                                  if isinstance(n, ast.Name))
+def _watching() -> set[str]:
+    """What gives a child the starter's pid: procs.watched_env, and every function that returns a call of one
+    of these or a dict built on one (gpu_check's clean_env and step_env, the fault table's environment),
+    found, not listed."""
     watched, grew = {"watched_env"}, True
     while grew:
-        more = {name for name, names in uses.items() if names & watched}
+        more = {f.name for name in list(watched) for tree in mentioning(name).values()
+                for f in _outer_functions(tree) if any(_gives(r.value, watched) for r in ast.walk(f)
+                                                       if isinstance(r, ast.Return) and r.value is not None)}
         grew, watched = not more <= watched, watched | more
     return watched
+
+
+def _gives(value: ast.expr, watched: set[str]) -> bool:
+    """Whether `value` is a call of a watched function, or a dict that unpacks one (`{**clean_env(), ...}`)."""
+    if isinstance(value, ast.Dict):
+        return any(k is None and _gives(v, watched) for k, v in zip(value.keys, value.values))
+    return isinstance(value, ast.Call) and isinstance(value.func, ast.Name) and value.func.id in watched
 
 
 def _python_children_without_watch(tree: ast.Module, name: str, watched: set[str]) -> list[str]:
@@ -138,9 +135,10 @@ def test_every_python_process_the_tools_start_is_told_to_end_with_them():
     protect_streams then follows it: tests/test_script_help.py checks that every script does), so a tool
     killed by SIGKILL takes them along; gpu_check's steps and their commands run in sessions of their own,
     which a kill of its process group misses. The walk is seen to find a bare start, planted."""
-    trees = _project_trees()
-    watched = _watching(trees)
-    assert {"watched_env", "clean_env", "step_env", "environment"} <= watched
+    watched = _watching()
+    assert watched == {"watched_env", "clean_env", "step_env", "environment"}  # what they are today, found
+    trees = mentioning("subprocess")
+    assert REPO / "alexnet" / "launch.py" in trees and REPO / "scripts" / "bench" / "large_batch.py" in trees
     assert [hit for path, tree in trees.items() for hit in _python_children_without_watch(tree, path, watched)] == []
     for path, bare in (("scripts/bench/large_batch.py", ("env=env, capture_output", "capture_output")),
                        ("alexnet/launch.py", ("**watched_env()", "**os.environ"))):

@@ -144,3 +144,106 @@ def test_every_python_process_the_tools_start_is_told_to_end_with_them():
                        ("alexnet/launch.py", ("**watched_env()", "**os.environ"))):
         planted = ast.parse((REPO / path).read_text().replace(*bare, 1))
         assert _python_children_without_watch(planted, path, watched) != [], path
+
+
+# -- the decisions, in this process (what mutation testing sees) ------------------------------------------
+
+class _Prctl:
+    """ctypes.CDLL(None)'s stand-in: records the prctl calls."""
+
+    def __init__(self, calls: list):
+        self.calls = calls
+
+    def prctl(self, *args):
+        self.calls.append(args)
+        return 0
+
+
+_GONE_PID = 2**22 + 1  # above any pid_max Linux allows: never a process
+
+
+@pytest.mark.parametrize("parent, mp_parent, ppid, killed", [
+    (None, None, 4242, False),        # the parent of the moment: nothing to tell apart
+    (None, _GONE_PID, 1, True),       # multiprocessing's parent, gone: adopted meanwhile
+    (None, "self", 1, False),         # multiprocessing's parent, alive though not the parent of the moment
+    (_GONE_PID, None, 1, True),       # the starter's pid, gone
+    (_GONE_PID, _GONE_PID, _GONE_PID, False),  # the starter is the parent
+    ("self", _GONE_PID, 1, False),    # the starter's pid alive (a grandparent's): the kernel watches the parent
+])
+def test_die_with_parent_asks_the_kernel_and_ends_only_if_the_named_parent_is_gone(
+        monkeypatch, parent, mp_parent, ppid, killed):
+    import ctypes
+    import multiprocessing
+    import signal as signals
+
+    from data import procs
+    me = os.getpid()
+    prctl, kills = [], []
+    monkeypatch.setattr(ctypes, "CDLL", lambda name, use_errno=False: _Prctl(prctl))
+    monkeypatch.setattr(os, "kill", lambda pid, sig: kills.append((pid, sig)))
+    monkeypatch.setattr(os, "getppid", lambda: ppid)
+    known = None if mp_parent is None else type("P", (), {"pid": me if mp_parent == "self" else mp_parent})()
+    monkeypatch.setattr(multiprocessing, "parent_process", lambda: known)
+    procs.die_with_parent(signals.SIGTERM, me if parent == "self" else parent)
+    assert prctl == [(1, int(signals.SIGTERM), 0, 0, 0)]  # PR_SET_PDEATHSIG, the signal
+    assert kills == ([(me, signals.SIGTERM)] if killed else [])
+
+
+def test_die_with_parent_does_nothing_off_linux_or_without_prctl(monkeypatch):
+    import ctypes
+
+    from data import procs
+    kills = []
+    monkeypatch.setattr(os, "kill", lambda pid, sig: kills.append((pid, sig)))
+    monkeypatch.setattr(os, "getppid", lambda: 1)
+
+    def no_libc(name, use_errno=False):
+        raise OSError("no libc")
+    monkeypatch.setattr(ctypes, "CDLL", no_libc)
+    procs.die_with_parent(parent=_GONE_PID)  # prctl unavailable: nothing can be asked, nothing is ended
+    monkeypatch.setattr(sys, "platform", "darwin")
+    monkeypatch.setattr(ctypes, "CDLL", lambda name, use_errno=False: pytest.fail("prctl asked off Linux"))
+    procs.die_with_parent(parent=_GONE_PID)
+    assert kills == []
+
+
+def test_follow_parent_takes_the_pid_out_of_the_environment_and_follows_it(monkeypatch):
+    import signal as signals
+
+    from data import procs
+    followed = []
+    monkeypatch.setattr(procs, "die_with_parent", lambda sig, parent=None: followed.append((sig, parent)))
+    monkeypatch.delenv(procs.ENV_PARENT, raising=False)
+    procs.follow_parent()
+    assert followed == []  # nobody asked
+    monkeypatch.setenv(procs.ENV_PARENT, "4242")
+    procs.follow_parent()
+    assert followed == [(signals.SIGTERM, 4242)] and procs.ENV_PARENT not in os.environ
+    monkeypatch.setenv(procs.ENV_PARENT, "77")
+    procs.follow_parent(signals.SIGKILL)
+    assert followed[-1] == (signals.SIGKILL, 77)
+
+
+def test_watched_env_names_this_process_and_leaves_the_given_environment_as_it_was(monkeypatch):
+    from data import procs
+    given = {"A": "1"}
+    assert procs.watched_env(given) == {"A": "1", procs.ENV_PARENT: str(os.getpid())} and given == {"A": "1"}
+    monkeypatch.setenv("ALEXNET_PROBE", "x")
+    env = procs.watched_env()
+    assert env["ALEXNET_PROBE"] == "x" and env[procs.ENV_PARENT] == str(os.getpid())
+    assert procs.ENV_PARENT not in os.environ
+
+
+@pytest.mark.processes
+def test_alive_tells_a_running_process_from_a_gone_one_and_a_zombie():
+    from data import procs
+    assert procs._alive(os.getpid()) and not procs._alive(_GONE_PID)
+    child = subprocess.Popen(["true"])
+    deadline = time.monotonic() + 30
+    while _state(child.pid) != "Z":  # exited, not yet waited for
+        assert time.monotonic() < deadline
+        time.sleep(0.01)
+    try:
+        assert not procs._alive(child.pid)
+    finally:
+        child.wait()

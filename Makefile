@@ -129,9 +129,10 @@ MUTATE_PARALLEL = alexnet.replica.* alexnet.exchange.* alexnet.large_batch.* ale
 	alexnet.launch.x?Heartbeat?* alexnet.launch.x_report_gave_up* alexnet.launch.x__how* \
 	alexnet.launch.x?Launcher?_[!_]* layers.lrn.*
 # Added by issues 33 and 34: the declared option domains, published weights by name, where files take their
-# names, a pool's waits and stop.
+# names, a pool's waits and stop, a child's end with its parent.
 MUTATE_INPUTS = data.domains.* alexnet.weights.hub.* alexnet.weights.start.* alexnet.weights.mean_image.* data.fsutil.x_commit* data.fsutil.x__write_point* data.fsutil.x_temp_path* \
-	data.procs.x_stops_between_calls* data.procs.x_in_threads* data.procs.x_run_all*
+	data.procs.x_stops_between_calls* data.procs.x_in_threads* data.procs.x_run_all* \
+	data.procs.x_die_with_parent* data.procs.x_follow_parent* data.procs.x_watched_env* data.procs.x__alive*
 MUTMUT = $(PYTHON) -c 'from mutmut.__main__ import cli; cli()'
 # The parallel code's set alone (issue 32; docs/MUTANTS.md has its results and time).
 mutants-parallel:

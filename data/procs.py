@@ -49,8 +49,8 @@ def die_with_parent(sig: int = signal.SIGKILL, parent: int | None = None) -> Non
         known = multiprocessing.parent_process()
         parent = known.pid if known is not None else os.getppid()
     try:
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(1, int(sig), 0, 0, 0)  # 1 = PR_SET_PDEATHSIG
+        libc = ctypes.CDLL(None)
+        libc.prctl(1, int(sig), 0, 0, 0)  # 1 = PR_SET_PDEATHSIG (best effort: its result is not read)
     except (OSError, AttributeError):
         return
     # The parent died before the request was in place (this process was adopted). A pid that is not the

@@ -6,9 +6,11 @@ from __future__ import annotations
 
 import ast
 import os
+import shutil
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 
@@ -179,7 +181,7 @@ def test_die_with_parent_asks_the_kernel_and_ends_only_if_the_named_parent_is_go
     from data import procs
     me = os.getpid()
     prctl, kills = [], []
-    monkeypatch.setattr(ctypes, "CDLL", lambda name, use_errno=False: _Prctl(prctl))
+    monkeypatch.setattr(ctypes, "CDLL", lambda name: _Prctl(prctl))
     monkeypatch.setattr(os, "kill", lambda pid, sig: kills.append((pid, sig)))
     monkeypatch.setattr(os, "getppid", lambda: ppid)
     known = None if mp_parent is None else type("P", (), {"pid": me if mp_parent == "self" else mp_parent})()
@@ -197,12 +199,12 @@ def test_die_with_parent_does_nothing_off_linux_or_without_prctl(monkeypatch):
     monkeypatch.setattr(os, "kill", lambda pid, sig: kills.append((pid, sig)))
     monkeypatch.setattr(os, "getppid", lambda: 1)
 
-    def no_libc(name, use_errno=False):
+    def no_libc(name):
         raise OSError("no libc")
     monkeypatch.setattr(ctypes, "CDLL", no_libc)
     procs.die_with_parent(parent=_GONE_PID)  # prctl unavailable: nothing can be asked, nothing is ended
     monkeypatch.setattr(sys, "platform", "darwin")
-    monkeypatch.setattr(ctypes, "CDLL", lambda name, use_errno=False: pytest.fail("prctl asked off Linux"))
+    monkeypatch.setattr(ctypes, "CDLL", lambda name: pytest.fail("prctl asked off Linux"))
     procs.die_with_parent(parent=_GONE_PID)
     assert kills == []
 
@@ -235,9 +237,22 @@ def test_watched_env_names_this_process_and_leaves_the_given_environment_as_it_w
 
 
 @pytest.mark.processes
-def test_alive_tells_a_running_process_from_a_gone_one_and_a_zombie():
+def test_alive_tells_a_running_process_from_a_gone_one_and_a_zombie(tmp_path):
+    """A command name may hold ") Z (" (the state is read after the last parenthesis)."""
     from data import procs
     assert procs._alive(os.getpid()) and not procs._alive(_GONE_PID)
+    odd = tmp_path / "a) Z (b"
+    odd.symlink_to(shutil.which("sleep"))
+    sleeper = subprocess.Popen([str(odd), "30"])
+    try:
+        deadline = time.monotonic() + 30
+        while "a) Z (b" not in Path(f"/proc/{sleeper.pid}/stat").read_text():  # exec'd: its name is the link's
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+        assert procs._alive(sleeper.pid)
+    finally:
+        sleeper.kill()
+        sleeper.wait()
     child = subprocess.Popen(["true"])
     deadline = time.monotonic() + 30
     while _state(child.pid) != "Z":  # exited, not yet waited for

@@ -55,4 +55,6 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
+    from alexnet.cli import protect_streams
+    protect_streams("mutants.py")  # `| head`: a reader that went away is not an error
     sys.exit(main())

@@ -58,4 +58,7 @@ def main(patterns: list[str], lines: list[str], doc: Path = DOC) -> int:
 
 
 if __name__ == "__main__":
+    sys.path.insert(0, str(DOC.parents[1]))
+    from alexnet.cli import protect_streams
+    protect_streams("mutmut_table.py")  # `| head`: a reader that went away is not an error
     sys.exit(main(sys.argv[1:], sys.stdin.readlines()))

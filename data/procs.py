@@ -98,7 +98,9 @@ def stops_between_calls() -> Iterator[Callable[[], None]]:
     manager thread waited on it, and the shutdown on the manager, so a Ctrl-C hung the run (seen once in the
     suite: preprocess, SIGINT while the second part's tasks were submitted and waited on). A signal noted
     as the block ends is handled on leaving. Outside the main thread (where Python runs no handlers) or for
-    a signal ignored or left to the system, nothing changes."""
+    a signal ignored or left to the system, nothing changes. Also the hold of a step a stop must not cut in
+    two (cli.temporary_directory, a benchmark's worker starts): handlers, not a signal mask, which holds
+    nothing once torch's threads are there (the kernel gives the signal to one of them)."""
     got: list[int] = []
     saved: dict[int, Callable] = {}
     restore: dict[int, Callable] = {}

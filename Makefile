@@ -132,7 +132,7 @@ MUTATE_PARALLEL = alexnet.replica.* alexnet.exchange.* alexnet.large_batch.* ale
 # names, a pool's waits and stop, a child's end with its parent.
 MUTATE_INPUTS = data.domains.* alexnet.weights.hub.* alexnet.weights.start.* alexnet.weights.mean_image.* data.fsutil.x_commit* data.fsutil.x__write_point* data.fsutil.x_temp_path* \
 	data.procs.x_stops_between_calls* data.procs.x_in_threads* data.procs.x_run_all* \
-	data.procs.x_die_with_parent* data.procs.x_follow_parent* data.procs.x_watched_env* data.procs.x__alive*
+	data.procs.x_die_with_parent* data.procs.x_follow_parent* data.procs.x_watched_env* data.fsutil.x_pid_alive*
 MUTMUT = $(PYTHON) -c 'from mutmut.__main__ import cli; cli()'
 # The parallel code's set alone (issue 32; docs/MUTANTS.md has its results and time).
 mutants-parallel:

@@ -12,6 +12,8 @@ from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import TypeVar
 
+from .fsutil import pid_alive
+
 T = TypeVar("T")
 R = TypeVar("R")
 
@@ -56,18 +58,8 @@ def die_with_parent(sig: int = signal.SIGKILL, parent: int | None = None) -> Non
     # The parent died before the request was in place (this process was adopted). A pid that is not the
     # parent but lives is a grandparent's, passed on by a process in between that did not take it (torchrun's
     # agent): the kernel's request watches that process instead.
-    if os.getppid() != parent and not _alive(parent):
+    if os.getppid() != parent and not pid_alive(parent):
         os.kill(os.getpid(), sig)
-
-
-def _alive(pid: int) -> bool:
-    """Whether process `pid` runs (a zombie has died: it only waits for its parent to read its status)."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            stat = f.read()
-    except OSError:
-        return False
-    return stat[stat.rindex(")") + 2:][:1] not in ("Z", "X")
 
 
 def child_pids(pid: int) -> list[int]:

@@ -164,6 +164,17 @@ class _Prctl:
 _GONE_PID = 2**22 + 1  # above any pid_max Linux allows: never a process
 
 
+def _recording(kills: list):
+    """os.kill's stand-in: a signal is recorded, not sent; signal 0 (is it alive?) asks the real one."""
+    real = os.kill
+
+    def kill(pid: int, sig: int) -> None:
+        if sig == 0:
+            return real(pid, 0)
+        kills.append((pid, sig))
+    return kill
+
+
 @pytest.mark.parametrize("parent, mp_parent, ppid, killed", [
     (None, None, 4242, False),        # the parent of the moment: nothing to tell apart
     (None, _GONE_PID, 1, True),       # multiprocessing's parent, gone: adopted meanwhile
@@ -182,7 +193,7 @@ def test_die_with_parent_asks_the_kernel_and_ends_only_if_the_named_parent_is_go
     me = os.getpid()
     prctl, kills = [], []
     monkeypatch.setattr(ctypes, "CDLL", lambda name: _Prctl(prctl))
-    monkeypatch.setattr(os, "kill", lambda pid, sig: kills.append((pid, sig)))
+    monkeypatch.setattr(os, "kill", _recording(kills))
     monkeypatch.setattr(os, "getppid", lambda: ppid)
     known = None if mp_parent is None else type("P", (), {"pid": me if mp_parent == "self" else mp_parent})()
     monkeypatch.setattr(multiprocessing, "parent_process", lambda: known)
@@ -196,7 +207,7 @@ def test_die_with_parent_does_nothing_off_linux_or_without_prctl(monkeypatch):
 
     from data import procs
     kills = []
-    monkeypatch.setattr(os, "kill", lambda pid, sig: kills.append((pid, sig)))
+    monkeypatch.setattr(os, "kill", _recording(kills))
     monkeypatch.setattr(os, "getppid", lambda: 1)
 
     def no_libc(name):
@@ -238,9 +249,10 @@ def test_watched_env_names_this_process_and_leaves_the_given_environment_as_it_w
 
 @pytest.mark.processes
 def test_alive_tells_a_running_process_from_a_gone_one_and_a_zombie(tmp_path):
-    """A command name may hold ") Z (" (the state is read after the last parenthesis)."""
-    from data import procs
-    assert procs._alive(os.getpid()) and not procs._alive(_GONE_PID)
+    """fsutil.pid_alive, which die_with_parent asks. A command name may hold ") Z (" (the state is read after
+    the last parenthesis)."""
+    from data.fsutil import pid_alive
+    assert pid_alive(os.getpid()) and not pid_alive(_GONE_PID)
     odd = tmp_path / "a) Z (b"
     odd.symlink_to(shutil.which("sleep"))
     sleeper = subprocess.Popen([str(odd), "30"])
@@ -249,7 +261,7 @@ def test_alive_tells_a_running_process_from_a_gone_one_and_a_zombie(tmp_path):
         while "a) Z (b" not in Path(f"/proc/{sleeper.pid}/stat").read_text():  # exec'd: its name is the link's
             assert time.monotonic() < deadline
             time.sleep(0.01)
-        assert procs._alive(sleeper.pid)
+        assert pid_alive(sleeper.pid)
     finally:
         sleeper.kill()
         sleeper.wait()
@@ -259,6 +271,6 @@ def test_alive_tells_a_running_process_from_a_gone_one_and_a_zombie(tmp_path):
         assert time.monotonic() < deadline
         time.sleep(0.01)
     try:
-        assert not procs._alive(child.pid)
+        assert not pid_alive(child.pid)
     finally:
         child.wait()

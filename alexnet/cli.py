@@ -49,9 +49,11 @@ def stopping_on_signals() -> Iterator[None]:
     the main thread (where Python cannot set handlers).
 
     A handler's exception can be lost: raised while Python runs a finalizer (`__del__`, a weakref's
-    callback), it is printed as "Exception ignored" and the code goes on, with the stop signals then
-    ignored (the first one's clean-up must not be cut short). So the stop is also recorded, and a block
-    that ends without it raises it at its end."""
+    callback), it is printed as "Exception ignored"; raised inside a compiled module's start (Cython
+    registers its classes with `abc` and drops any error: numpy.random's first import, 2026-11-29) it
+    vanishes. The code goes on, with the stop signals then ignored (the first one's clean-up must not be cut
+    short). So the stop is also recorded, Ctrl-C's too (Python's own KeyboardInterrupt, where that is the
+    handler), and a block that ends without it raises it at its end, marked `late`."""
     saved, got = {}, []
 
     def raise_stopped(signum: int, frame: Any) -> None:
@@ -59,17 +61,31 @@ def stopping_on_signals() -> Iterator[None]:
         for sig in saved:  # a second one must not cut short the clean-up (a temporary file's removal)
             signal.signal(sig, signal.SIG_IGN)
         raise Stopped(signum)
+
+    def interrupt(signum: int, frame: Any) -> None:
+        got.append(signum)
+        signal.default_int_handler(signum, frame)
     main = threading.current_thread() is threading.main_thread()
     for sig in STOP_SIGNALS if main else ():
         if signal.getsignal(sig) == signal.SIG_DFL:
             saved[sig] = signal.signal(sig, raise_stopped)
+    ctrl_c = main and signal.getsignal(signal.SIGINT) is signal.default_int_handler
+    if ctrl_c:
+        signal.signal(signal.SIGINT, interrupt)
     try:
         yield
     finally:
         for sig, old in saved.items():
             signal.signal(sig, old)
+        if ctrl_c:
+            signal.signal(signal.SIGINT, signal.default_int_handler)
     if got:  # the block went on past a stop whose exception was lost
-        raise Stopped(got[0], late=True)
+        raise Stopped(got[0], late=True) if got[0] != signal.SIGINT else _late(KeyboardInterrupt())
+
+
+def _late(e: KeyboardInterrupt) -> KeyboardInterrupt:
+    e.late = True  # type: ignore[attr-defined]
+    return e
 
 
 @contextlib.contextmanager

@@ -488,6 +488,23 @@ def test_a_stop_whose_exception_a_finalizer_lost_still_stops_the_block():
 
 
 @pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")  # the lost exception: the case
+def test_a_ctrl_c_whose_exception_was_lost_still_stops_the_block():
+    """Ctrl-C's KeyboardInterrupt lost the same way (the benchmark's loading case, Ctrl-C under load: exit 0
+    and a whole run): the block ends in KeyboardInterrupt, marked late, and Python's handler is back."""
+    from alexnet import cli
+    went_on = []
+
+    class InterruptsWhenFreed:
+        def __del__(self):
+            signal.raise_signal(signal.SIGINT)
+    with pytest.raises(KeyboardInterrupt) as stopped, cli.stopping_on_signals():
+        InterruptsWhenFreed()  # freed at once
+        went_on.append("after")
+    assert went_on == ["after"] and stopped.value.late and not isinstance(stopped.value, cli.Stopped)
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+
+
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")  # the lost exception: the case
 def test_a_stop_that_came_after_the_work_says_so_and_one_during_it_says_what_it_left(capsys):
     """The line of a tool stopped by a signal whose exception a finalizer lost (so the work ran to its end:
     evaluate.py's CSV written) said "nothing written (earlier outputs are unchanged)". Such a stop says

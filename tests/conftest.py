@@ -277,11 +277,47 @@ def pytest_configure(config):
 
 
 _REWRITING = pytest.StashKey()
+_REMOVING = pytest.StashKey()
+
+
+def pytest_sessionstart(session):
+    """The earlier runs' folders that pytest removes when this run ends (tmp_path_retention_count) go now,
+    in a thread, while the tests run: at the end the removal held up the edit loop's every run by 2.6-3 s
+    (1.2 GB of the fast tier's folders; nothing to remove on a fresh machine)."""
+    session.config.stash[_REMOVING] = _earlier_runs_removed_meanwhile(session.config)
 
 
 def pytest_unconfigure(config):
-    if (thread := config.stash.get(_REWRITING, None)) is not None:
-        thread.join()
+    """Threads started here are done before the run ends. Then, after pytest's own clean-up (its last check
+    for unraisable exceptions makes five full garbage collections after this hook), the heap is frozen
+    (atexit): the interpreter's teardown walked all of it again, 3.3 s of each xdist worker's end."""
+    for key in (_REWRITING, _REMOVING):
+        if (thread := config.stash.get(key, None)) is not None:
+            thread.join()
+    import atexit
+    import gc
+    atexit.register(gc.freeze)
+
+
+def _earlier_runs_removed_meanwhile(config):
+    """A thread removing what pytest's own clean-up at exit would (the same function with the same
+    arguments: the numbered folders beyond those it keeps, never one whose run still holds its lock), or
+    None: a worker (its folder is the controller's), a given --basetemp, or a pytest without that function."""
+    import threading
+    try:
+        from _pytest.pathlib import LOCK_TIMEOUT, cleanup_numbered_dir
+        factory = config._tmp_path_factory
+        if hasattr(config, "workerinput") or factory._given_basetemp is not None:
+            return None
+        keep = 0 if config.getini("tmp_path_retention_policy") == "none" else int(
+            config.getini("tmp_path_retention_count"))
+        base = factory.getbasetemp()
+    except (ImportError, AttributeError):
+        return None
+    thread = threading.Thread(target=cleanup_numbered_dir, name="earlier pytest runs' folders removed",
+                              args=(base.parent, "pytest-", keep, base.stat().st_mtime - LOCK_TIMEOUT))
+    thread.start()
+    return thread
 
 
 def _outlive_the_terminal(signum, frame) -> None:

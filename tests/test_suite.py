@@ -375,3 +375,82 @@ def test_a_test_or_fixture_that_leaves_its_temporary_directory_unclean_fails(tmp
     kept = sorted(p.name for p in (tmp_path / f"pytest-of-{getpass.getuser()}" / "pytest-current" / "tmpdir").iterdir())
     assert [name.split("-", 1)[1] for name in kept] == [  # what failed stays to be looked at; the rest is gone
         "test_leaves_a_file", "test_child_leaves_a_folder", "module-made", "test_more_than_torchrun_leaves_is_not"]
+
+
+END_PROBE = '''
+import atexit, gc, os
+
+class Raises:
+    def __del__(self):
+        raise RuntimeError("raised by a test's garbage")
+
+def test_leaves_garbage_for_the_end():
+    gc.disable()  # collected by pytest's check at the run's end, not by chance during the run
+    garbage = Raises()
+    garbage.itself = garbage
+    del garbage
+    # atexit runs the last registered first: this runs after what conftest registered when the run ended
+    atexit.register(lambda: open(os.environ["ALEXNET_PROBE_LOG"], "w").write(str(gc.get_freeze_count() > 0)))
+'''
+
+
+@pytest.mark.processes
+def test_a_runs_end_still_reports_its_garbage_and_the_teardown_skips_the_frozen_heap(tmp_path):
+    """The end of a run under xdist: pytest's last check (five garbage collections) still finds what a
+    test's garbage raises, and only then is the heap frozen, so the interpreter's teardown does not walk it
+    again (tests/conftest.py's pytest_unconfigure)."""
+    from tests.conftest import REPO
+    (tmp_path / "test_probe.py").write_text(END_PROBE)
+    (tmp_path / "pytest.ini").write_text("[pytest]\ntestpaths = test_probe.py\n")
+    (tmp_path / "conftest.py").write_text("from tests.conftest import *  # noqa: F403\n")
+    log = tmp_path / "log.txt"
+    env = {**os.environ, "ALEXNET_PROBE_LOG": str(log), "PYTHONPATH": str(REPO), "PYTEST_DEBUG_TEMPROOT": str(tmp_path)}
+    r = children.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider"], cpu_s=120, cwd=tmp_path,
+                     env=env)
+    assert r.returncode == 0 and "bringing up nodes" in r.stdout, r.stdout[-2000:] + r.stderr[-2000:]
+    assert "raised by a test's garbage" in r.stdout + r.stderr, r.stdout[-2000:] + r.stderr[-2000:]
+    assert log.read_text() == "True"
+
+
+REMOVAL_PROBE = '''
+import os, time
+from pathlib import Path
+
+def test_the_earlier_runs_folder_goes_while_this_run_is_on():
+    earlier = Path(os.environ["ALEXNET_EARLIER_RUN"])
+    if earlier.name == "none":
+        return
+    for _ in range(600):  # a few milliseconds' work: 60 s of waiting is a removal that waits for the end
+        if not earlier.exists():
+            return
+        time.sleep(0.1)
+    raise AssertionError(f"{earlier} is still there")
+'''
+
+
+@pytest.mark.processes
+@pytest.mark.parametrize("workers", ["xdist", "no:xdist"])
+def test_an_earlier_runs_folder_is_removed_while_the_next_run_is_on(tmp_path, workers):
+    """pytest removes the folders of earlier runs when a run ends (all but tmp_path_retention_count of
+    them); conftest does the same while the tests run. The earlier folder goes during the second run, its
+    own stays, and a folder whose run still holds its lock is left alone."""
+    from tests.conftest import REPO
+    (tmp_path / "test_probe.py").write_text(REMOVAL_PROBE)
+    (tmp_path / "pytest.ini").write_text("[pytest]\ntestpaths = test_probe.py\ntmp_path_retention_count = 1\n")
+    (tmp_path / "conftest.py").write_text("from tests.conftest import *  # noqa: F403\n")
+    root = tmp_path / f"pytest-of-{getpass.getuser()}"
+    env = {**os.environ, "PYTHONPATH": str(REPO), "PYTEST_DEBUG_TEMPROOT": str(tmp_path)}
+    command = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", workers]
+
+    def run(earlier: str) -> None:
+        r = children.run(command, cpu_s=120, cwd=tmp_path, env={**env, "ALEXNET_EARLIER_RUN": earlier})
+        assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
+    run("none")
+    first = sorted(root.glob("pytest-[0-9]*"))
+    assert len(first) == 1
+    (first[0] / "kept-by-its-run").write_text("")
+    live = root / "pytest-0000"  # older by its number, and still locked by a run that is on
+    live.mkdir()
+    (live / ".lock").write_text("")
+    run(str(first[0]))
+    assert sorted(p.name for p in root.glob("pytest-[0-9]*")) == ["pytest-0000", f"pytest-{int(first[0].name[7:]) + 1}"]

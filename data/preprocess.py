@@ -345,7 +345,9 @@ def _run_pool(todo: list[Task], workers: int, quiet: bool, budget: int) -> None:
     passes = [k for k, part in enumerate(parts) if _streamed(part[0])]
     progress = _Progress(quiet, sum(len(t.items) for t in todo), len(todo), counter)
     # The plan (1.28 M items for ImageNet) stays in the parent: frozen, the workers' garbage collector
-    # never walks it, so their forked copies of its pages stay shared instead of being copied.
+    # never walks it, so their forked copies of its pages stay shared instead of being copied. What was
+    # frozen before (the script's imports, startup.imported) stays frozen after.
+    frozen_before = gc.get_freeze_count()
     gc.freeze()
     try:
         with stops_between_calls() as check, cf.ProcessPoolExecutor(
@@ -356,7 +358,8 @@ def _run_pool(todo: list[Task], workers: int, quiet: bool, budget: int) -> None:
                     part = fill(part, workers)
                 _run_part(pool, part, progress, check)
     finally:
-        gc.unfreeze()
+        if not frozen_before:
+            gc.unfreeze()
         progress.close()
 
 

@@ -49,6 +49,8 @@ def written(config: pytest.Config, paths: list[Path]) -> list[Path]:
                 stat, code = rewrite._rewrite_test(fn, config)
             except (SyntaxError, ValueError, OSError):  # the worker that imports it reports it
                 continue
+            except SystemError:  # CPython 3.11's AST builder counts its depth per interpreter, not per
+                continue  # thread (gh-106905): a parse beside another thread's fails; the worker rewrites it
             if rewrite._write_pyc(state, code, stat, pyc):
                 done.append(fn)
     return done

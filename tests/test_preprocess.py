@@ -188,6 +188,26 @@ def test_pixel_sums_and_mean_of_a_file_of_300_bright_images(tmp_path):
 
 
 @pytest.mark.processes
+@pytest.mark.parametrize("frozen_first", [True, False])
+def test_the_collector_is_left_as_found(tmp_path, frozen_first):
+    """The pool's run freezes the plan for the workers' sake: what the script had frozen (its imports,
+    startup.imported) stays frozen after it, and a heap with nothing frozen is unfrozen again."""
+    import gc
+    (tmp_path / "train" / "n00000001").mkdir(parents=True)
+    for i in range(2):
+        Image.new("RGB", (8, 8), (i, 0, 0)).save(tmp_path / "train" / "n00000001" / f"{i}.png")
+    was = gc.get_freeze_count()
+    gc.freeze() if frozen_first else gc.unfreeze()
+    try:
+        before = gc.get_freeze_count()
+        preprocess(tmp_path / "train", tmp_path / "out", opts=Options(size=8, per_file=2), workers=1, quiet=True,
+                   allow_one_class=True)
+        assert gc.get_freeze_count() >= before > 0 if frozen_first else gc.get_freeze_count() == 0
+    finally:
+        gc.freeze() if was else gc.unfreeze()
+
+
+@pytest.mark.processes
 @pytest.mark.parametrize("layout", ["caffe", "folders"])
 def test_val_layouts_agree_with_kaggle(prep, synth, tmp_path, layout):
     """The same val images labelled by val.txt or by class folders give the Kaggle run's output."""

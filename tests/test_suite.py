@@ -260,6 +260,26 @@ def test_the_rewritten_test_modules_are_cached_once_as_pytest_reads_them(tmp_pat
     assert rewrite_cache.written(request.config, found) == [tmp_path / "test_m.py"]
 
 
+def test_a_module_whose_parse_fails_beside_another_thread_is_left_to_the_worker(tmp_path, request, monkeypatch):
+    """CPython 3.11's AST builder keeps its depth per interpreter (gh-106905): a parse in the rewriting
+    thread while another thread builds a tree can fail with SystemError. That module is left for the worker
+    to rewrite; the others are written and the thread does not die (which fails the run at its end)."""
+    from _pytest.assertion import rewrite
+
+    from tests import rewrite_cache
+    for name in ("test_a.py", "test_b.py"):
+        (tmp_path / name).write_text("def test_x():\n    assert True\n")
+    real = rewrite._rewrite_test
+
+    def racing(fn, config):
+        if fn.name == "test_a.py":
+            raise SystemError("AST constructor recursion depth mismatch (before=21, after=108)")
+        return real(fn, config)
+    monkeypatch.setattr(rewrite, "_rewrite_test", racing)
+    paths = [tmp_path / "test_a.py", tmp_path / "test_b.py"]
+    assert rewrite_cache.written(request.config, paths) == [tmp_path / "test_b.py"]
+
+
 def test_only_xdists_controller_writes_the_rewritten_modules(monkeypatch):
     from tests import conftest, rewrite_cache
     started = []

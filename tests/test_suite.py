@@ -405,6 +405,7 @@ class Raises:
         raise RuntimeError("raised by a test's garbage")
 
 def test_leaves_garbage_for_the_end():
+    assert gc.get_freeze_count() > 0  # what the collection made is frozen (conftest)
     gc.disable()  # collected by pytest's check at the run's end, not by chance during the run
     garbage = Raises()
     garbage.itself = garbage
@@ -430,6 +431,22 @@ def test_a_runs_end_still_reports_its_garbage_and_the_teardown_skips_the_frozen_
     assert r.returncode == 0 and "bringing up nodes" in r.stdout, r.stdout[-2000:] + r.stderr[-2000:]
     assert "raised by a test's garbage" in r.stdout + r.stderr, r.stdout[-2000:] + r.stderr[-2000:]
     assert log.read_text() == "True"
+
+
+def test_the_cached_parse_trees_are_let_go_before_pytests_last_check(monkeypatch):
+    """conftest's pytest_sessionfinish empties tests/imports.py's caches of parse trees (a third of a
+    worker's heap), which pytest's check after it would walk five times."""
+    import functools
+    import types
+
+    from tests import conftest
+    stand_in = types.ModuleType("tests.imports")
+    stand_in._parsed = functools.cache(lambda path: [path])
+    stand_in._parsed_imports = functools.cache(lambda path: [path])
+    stand_in._parsed("a.py"), stand_in._parsed_imports("a.py")
+    monkeypatch.setitem(sys.modules, "tests.imports", stand_in)
+    conftest.pytest_sessionfinish(session=None, exitstatus=0)
+    assert stand_in._parsed.cache_info().currsize == stand_in._parsed_imports.cache_info().currsize == 0
 
 
 REMOVAL_PROBE = '''

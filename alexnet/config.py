@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import functools
 import math
 import re
 import types
@@ -374,6 +375,13 @@ def _coerce(key: str, value: Any, hint: Any) -> Any:
     return float(value) if hint is float else value
 
 
+@functools.cache
+def _hints(section: type) -> dict[str, Any]:
+    """A section's keys and their types (its annotations are strings, and resolving them is the most of
+    a config's loading: once per class, not per key set)."""
+    return typing.get_type_hints(section)
+
+
 def apply(cfg: Config, updates: dict[str, Any], source: str) -> None:
     """Set nested `updates` ({section: {key: value}} or {"section.key": value}) onto `cfg` in place."""
     for top, value in updates.items():
@@ -387,7 +395,7 @@ def apply(cfg: Config, updates: dict[str, Any], source: str) -> None:
         if not isinstance(value, dict):
             raise ConfigError(f"{source}: {top} must be a mapping of keys, got {shown(value)}")
         section = sections[top]
-        hints = typing.get_type_hints(type(section))
+        hints = _hints(type(section))
         for key, v in value.items():
             if key not in hints:
                 raise ConfigError(f"{source}: unknown key {top}.{_key(key)}; valid keys of {top}: {', '.join(hints)}")

@@ -66,3 +66,23 @@ def test_a_new_format_is_one_line_and_is_told_before_torch_load(tmp_path, monkey
     torch.save({"foo.weight": torch.zeros(2)}, other)
     with pytest.raises(FormatError, match="unrecognised weights: keys foo.weight"):
         load.load_weights(other)
+
+
+def test_a_model_to_load_into_has_no_tensor_its_state_does_not_set(monkeypatch):
+    """new_model gives memory without initial values: every tensor must be one that load_strict sets. A
+    buffer outside the state (persistent=False) would keep whatever its memory held, so it is refused; on the
+    meta device (a check of shapes) it stays there."""
+    from alexnet.weights import common
+    model = common.new_model("alexnet", 10, 0.125, 67)
+    assert {p.device.type for p in model.state_dict().values()} == {"cpu"}
+    with torch.device("meta"):
+        assert {p.device.type for p in common.new_model("alexnet", 10, 0.125, 67).state_dict().values()} == {"meta"}
+    built = common.build_model
+
+    def with_a_loose_buffer(*args, **kwargs):
+        model = built(*args, **kwargs)
+        model.register_buffer("scale", torch.ones(1), persistent=False)
+        return model
+    monkeypatch.setattr(common, "build_model", with_a_loose_buffer)
+    with pytest.raises(TypeError, match=r"buffers \['scale'\] are not in its state"):
+        common.new_model("alexnet", 10, 0.125, 67)

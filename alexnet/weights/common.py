@@ -128,10 +128,17 @@ def infer_width(path, arch: str, state: dict, num_classes: int, crop: int,
 
 def new_model(arch: str, num_classes: int, width: float, crop: int, dropout: float = 0.5,
               dropout_style: str = "inverted", lrn: str = "paper") -> nn.Module:
-    """A model to load weights into."""
-    with torch.random.fork_rng(devices=[]):  # initial values are overwritten: leave the caller's RNG alone
-        return build_model(arch, num_classes, width, dropout, crop, init="torch", dropout_style=dropout_style,
-                           lrn=lrn)
+    """A model to load weights into (load_strict sets every tensor of its state): its memory on the default
+    device, without initial values, which were overwritten (drawing them was half of loading a full-size
+    file on a CPU); on the meta device where that is the default (a check of shapes)."""
+    with torch.random.fork_rng(devices=[]), torch.device("meta"):  # the caller's RNG is left alone
+        model = build_model(arch, num_classes, width, dropout, crop, init="torch", dropout_style=dropout_style,
+                            lrn=lrn)
+    unset = sorted({name for name, _ in model.named_buffers()} - set(model.state_dict()))
+    if unset:  # a buffer outside the state would keep whatever its memory held
+        raise TypeError(f"{arch}: buffers {unset} are not in its state; new_model cannot load them")
+    device = torch.get_default_device()
+    return model if device.type == "meta" else model.to_empty(device=device)
 
 
 def load_strict(model: nn.Module, state: dict, path) -> None:

@@ -11,7 +11,10 @@ with the circle's modules and the imports that close it.
 """
 from __future__ import annotations
 
+import functools
 from pathlib import Path
+
+import pytest
 
 from tests.conftest import REPO
 from tests.imports import imports as _imports
@@ -26,6 +29,7 @@ BELOW_TRAINER = ("alexnet/evaluation.py", "alexnet/precision.py", "alexnet/check
                  "alexnet/config.py", "alexnet/weights", "alexnet/figures")
 
 
+@functools.cache  # within one walk (each walk clears it: a test plants files between walks)
 def _module_file(name: str, repo: Path) -> Path | None:
     """The file that `import name` loads (a package's __init__.py before a same-named module, as Python
     finds them), looked up in each of ROOTS; None for anything outside the repository."""
@@ -67,6 +71,7 @@ def _floor_name(path: Path, repo: Path) -> str:
 
 
 def floor_violations(files: list[Path], repo: Path = REPO) -> list[str]:
+    _module_file.cache_clear()
     bad = []
     for path in files:
         here = _floor_name(path, repo)
@@ -79,6 +84,7 @@ def floor_violations(files: list[Path], repo: Path = REPO) -> list[str]:
 
 def import_graph(files: list[Path], repo: Path = REPO) -> dict[str, dict[str, int]]:
     """file -> {imported file: line of the first such import}, over `files` only."""
+    _module_file.cache_clear()
     known = {_rel(p, repo) for p in files}
     graph: dict[str, dict[str, int]] = {}
     for path in files:
@@ -116,8 +122,15 @@ def import_cycles(files: list[Path], repo: Path = REPO) -> list[str]:
     return cycles
 
 
-def test_no_module_imports_a_floor_above_it():
-    files = _all_files()
+@pytest.fixture(scope="module")
+def repo_files() -> list[Path]:
+    """The repository's files: a module fixture, so that both walks run on one xdist worker, the second on
+    the parse trees the first cached (tests/imports.py)."""
+    return _all_files()
+
+
+def test_no_module_imports_a_floor_above_it(repo_files):
+    files = repo_files
     assert len(_library_files()) > 40 and len(files) > 100  # the walk found the library, scripts and tools
     bad = floor_violations(files)
     assert not bad, "imports up a floor (or from a script to a tool):\n" + "\n".join(bad)
@@ -146,8 +159,8 @@ def test_the_check_sees_a_script_importing_a_tool_and_the_library_importing_a_sc
         "scripts/user.py:2 imports faultcheck"]
 
 
-def test_no_import_circle():
-    graph = import_graph(_all_files())
+def test_no_import_circle(repo_files):
+    graph = import_graph(repo_files)
     # The resolver finds imports in every spelling (else an empty graph would pass): relative, through
     # scripts/ and tools/ on sys.path, `from package import module`.
     assert graph["scripts/gpu_check.py"].keys() >= {"scripts/gpucheck/cli.py"}
@@ -156,7 +169,7 @@ def test_no_import_circle():
     assert graph["tools/faults.py"].keys() >= {"tools/faultcheck/report.py"}
     assert graph["data/sources.py"].keys() >= {"data/layouts.py", "data/archives.py"}
     assert sum(map(len, graph.values())) > 300
-    cycles = import_cycles(_all_files())
+    cycles = import_cycles(repo_files)
     assert not cycles, "import circles (move the shared piece down a module):\n" + "\n".join(cycles)
 
 

@@ -197,7 +197,9 @@ def test_every_documented_torchrun_command_on_the_demo_config_is_run_by_a_test()
     import ast
     taken = []
     for path in (REPO / "tests").glob("test_*.py"):
-        for node in ast.walk(ast.parse(path.read_text())):
+        if "documented(" not in (text := path.read_text()):  # parsing every test module took 1.2 s
+            continue
+        for node in ast.walk(ast.parse(text)):
             if isinstance(node, ast.Call) and getattr(node.func, "id", None) == "documented":
                 taken.append([a.value for a in node.args if isinstance(a, ast.Constant)])
     shown = [(w, a) for w, a in documented_commands() if a[0] == "torchrun" and "configs/demo.yaml" in a]

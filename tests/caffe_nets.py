@@ -40,18 +40,28 @@ def pb_str(field: int, s: str) -> bytes:
     return pb_bytes(field, s.encode())
 
 
-def blob(a: np.ndarray, legacy: bool, packed: bool = True, double: bool = False) -> bytes:
-    """A BlobProto: legacy num/channels/height/width (1-4, leading 1s) or shape (7); data (5) or double_data (8)."""
+def _field(field: int, parts: list) -> list:
+    """A length-delimited field as a list of parts (bytes, or a memoryview of an array's memory): a
+    full-size net's blobs are copied once, when the file is joined, not once per level of nesting."""
+    size = sum(p.nbytes if isinstance(p, memoryview) else len(p) for p in parts)
+    return [varint(field << 3 | 2) + varint(size), *parts]
+
+
+def _blob_parts(a: np.ndarray, legacy: bool, packed: bool = True, double: bool = False) -> list:
     if legacy:
         dims = (1,) * (4 - a.ndim) + a.shape
         head = b"".join(pb_int(f, d) for f, d in zip((1, 2, 3, 4), dims))
     else:
         head = pb_bytes(7, pb_bytes(1, b"".join(varint(d) for d in a.shape)))
-    if double:
-        return head + pb_bytes(8, a.astype("<f8").tobytes())
-    if packed:
-        return head + pb_bytes(5, a.astype("<f4").tobytes())
-    return head + b"".join(pb_float(5, float(v)) for v in a.ravel())
+    if not packed and not double:
+        return [head, b"".join(pb_float(5, float(v)) for v in a.ravel())]
+    data = np.ascontiguousarray(a, "<f8" if double else "<f4")
+    return [head, *_field(8 if double else 5, [memoryview(data).cast("B")])]
+
+
+def blob(a: np.ndarray, legacy: bool, packed: bool = True, double: bool = False) -> bytes:
+    """A BlobProto: legacy num/channels/height/width (1-4, leading 1s) or shape (7); data (5) or double_data (8)."""
+    return b"".join(_blob_parts(a, legacy, packed, double))
 
 
 # V1LayerParameter's type enum (caffe.proto)
@@ -62,17 +72,23 @@ PARAM_FIELD = {"Convolution": (106, 10), "InnerProduct": (117, 17), "LRN": (118,
                "Dropout": (108, 12)}
 
 
+def _layer_parts(version: str, name: str, kind: str, bottom: str, top: str, blobs: tuple = (),
+                 params: bytes | None = None, legacy: bool | None = None) -> list:
+    v1 = version == "V1"
+    legacy = v1 if legacy is None else legacy
+    body = [pb_str(2, bottom) + pb_str(3, top) + pb_str(4, name) + pb_int(5, V1_ENUM[kind]) if v1
+            else pb_str(1, name) + pb_str(2, kind) + pb_str(3, bottom) + pb_str(4, top)]
+    for b in blobs:
+        body += _field(6 if v1 else 7, _blob_parts(b, legacy))
+    if params is not None:
+        body += _field(PARAM_FIELD[kind][1 if v1 else 0], [params])
+    return _field(2 if v1 else 100, body)
+
+
 def layer(version: str, name: str, kind: str, bottom: str, top: str, blobs: tuple = (), params: bytes | None = None,
           legacy: bool | None = None) -> bytes:
     """One layer of a NetParameter, as its field of the net (V1: ``layers`` 2, V2: ``layer`` 100)."""
-    v1 = version == "V1"
-    legacy = v1 if legacy is None else legacy
-    body = (pb_str(2, bottom) + pb_str(3, top) + pb_str(4, name) + pb_int(5, V1_ENUM[kind]) if v1
-            else pb_str(1, name) + pb_str(2, kind) + pb_str(3, bottom) + pb_str(4, top))
-    body += b"".join(pb_bytes(6 if v1 else 7, blob(b, legacy)) for b in blobs)
-    if params is not None:
-        body += pb_bytes(PARAM_FIELD[kind][1 if v1 else 0], params)
-    return pb_bytes(2 if v1 else 100, body)
+    return b"".join(_layer_parts(version, name, kind, bottom, top, blobs, params, legacy))
 
 
 # -- BVLC's two nets, written out from their deploy.prototxt -------------------------------------------------
@@ -150,7 +166,7 @@ def caffemodel(arch: str, version: str, blobs: dict, train_val: bool = False, pa
         out += [layer(version, "data", "Data", "", "data"), layer(version, "label_split", "Split", "label", "l1")]
     bottom = "data"
     for name, kind in bvlc_sequence(arch):
-        out.append(layer(version, name, kind, bottom, name, tuple(blobs.get(name, ())), params(name, kind, blobs)))
+        out += _layer_parts(version, name, kind, bottom, name, tuple(blobs.get(name, ())), params(name, kind, blobs))
         bottom = name
     if train_val:
         out += [layer(version, "loss", "SoftmaxWithLoss", "fc8", "loss"), layer(version, "acc", "Accuracy", "fc8", "a")]

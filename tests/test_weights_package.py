@@ -86,3 +86,18 @@ def test_a_model_to_load_into_has_no_tensor_its_state_does_not_set(monkeypatch):
     monkeypatch.setattr(common, "build_model", with_a_loose_buffer)
     with pytest.raises(TypeError, match=r"buffers \['scale'\] are not in its state"):
         common.new_model("alexnet", 10, 0.125, 67)
+
+
+def test_a_caffe_file_fills_every_tensor_or_is_refused():
+    """The Caffe reader copies blobs into new_model's memory, which holds no values: a blob for each tensor
+    of the model, no fewer."""
+    import numpy as np
+
+    from alexnet.weights import caffe, common
+    model = common.new_model("caffenet", 10, 0.125, 67)
+    state = {k: np.zeros(tuple(v.shape), np.float32) for k, v in model.state_dict().items()}
+    caffe._copy_into(model, state)
+    assert all(not v.any() for v in model.state_dict().values())
+    del state["classifier.fc8.bias"]
+    with pytest.raises(FormatError, match=r"are not the model's tensors"):
+        caffe._copy_into(model, state)

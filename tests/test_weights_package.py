@@ -75,6 +75,9 @@ def test_a_model_to_load_into_has_no_tensor_its_state_does_not_set(monkeypatch):
     from alexnet.weights import common
     model = common.new_model("alexnet", 10, 0.125, 67)
     assert {p.device.type for p in model.state_dict().values()} == {"cpu"}
+    assert all(p.isnan().all() for p in model.state_dict().values())  # what a reader misses is NaN, refused
+    assert all(b.isnan().all() or not b.is_floating_point() for b in
+               common.new_model("alexnet_bn", 10, 0.125, 67).state_dict().values())
     with torch.device("meta"):
         assert {p.device.type for p in common.new_model("alexnet", 10, 0.125, 67).state_dict().values()} == {"meta"}
     built = common.build_model

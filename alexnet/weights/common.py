@@ -129,8 +129,9 @@ def infer_width(path, arch: str, state: dict, num_classes: int, crop: int,
 def new_model(arch: str, num_classes: int, width: float, crop: int, dropout: float = 0.5,
               dropout_style: str = "inverted", lrn: str = "paper") -> nn.Module:
     """A model to load weights into (load_strict sets every tensor of its state): its memory on the default
-    device, without initial values, which were overwritten (drawing them was half of loading a full-size
-    file on a CPU); on the meta device where that is the default (a check of shapes)."""
+    device, NaN in its floating tensors instead of initial values, which were overwritten (drawing them was
+    half of loading a full-size file on a CPU): a reader that missed a tensor gives NaN, which evaluation
+    refuses, not plausible numbers; on the meta device where that is the default (a check of shapes)."""
     with torch.random.fork_rng(devices=[]), torch.device("meta"):  # the caller's RNG is left alone
         model = build_model(arch, num_classes, width, dropout, crop, init="torch", dropout_style=dropout_style,
                             lrn=lrn)
@@ -140,8 +141,9 @@ def new_model(arch: str, num_classes: int, width: float, crop: int, dropout: flo
     device = torch.get_default_device()
     if device.type == "meta":
         return model
-    # to_empty's empty_like of a meta tensor imports sympy (0.6 s of a tool's start); torch.empty does not
-    return model._apply(lambda t: torch.empty(t.shape, dtype=t.dtype, device=device))
+    # to_empty's empty_like of a meta tensor imports sympy (0.6 s of a tool's start); torch.full does not
+    return model._apply(lambda t: torch.full(t.shape, float("nan") if t.is_floating_point() else 0, dtype=t.dtype,
+                                              device=device))
 
 
 def load_strict(model: nn.Module, state: dict, path) -> None:

@@ -69,9 +69,9 @@ def test_a_new_format_is_one_line_and_is_told_before_torch_load(tmp_path, monkey
 
 
 def test_a_model_to_load_into_has_no_tensor_its_state_does_not_set(monkeypatch):
-    """new_model gives memory without initial values: every tensor must be one that load_strict sets. A
-    buffer outside the state (persistent=False) would keep whatever its memory held, so it is refused; on the
-    meta device (a check of shapes) it stays there."""
+    """new_model gives memory holding NaN, not initial values: every tensor must be one that load_strict sets,
+    and one a reader missed is NaN. A buffer outside the state (persistent=False) would keep that, so it is
+    refused; on the meta device (a check of shapes) the model stays there."""
     from alexnet.weights import common
     model = common.new_model("alexnet", 10, 0.125, 67)
     assert {p.device.type for p in model.state_dict().values()} == {"cpu"}
@@ -92,8 +92,8 @@ def test_a_model_to_load_into_has_no_tensor_its_state_does_not_set(monkeypatch):
 
 
 def test_a_caffe_file_fills_every_tensor_or_is_refused():
-    """The Caffe reader copies blobs into new_model's memory, which holds no values: a blob for each tensor
-    of the model, no fewer."""
+    """The Caffe reader copies blobs into new_model's memory, which holds NaN: a blob for each tensor of the
+    model, no fewer."""
     import numpy as np
 
     from alexnet.weights import caffe, common

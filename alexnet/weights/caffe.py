@@ -187,7 +187,7 @@ def _copy_into(model: nn.Module, state: dict[str, np.ndarray]) -> None:
     """Copy the blobs into the model; conv1's input channels reversed (BGR -> RGB). numpy copies straight
     from the file's buffer (any alignment), so nothing else of the file's size is allocated."""
     target = model.state_dict()  # detached tensors sharing the parameters' memory
-    if state.keys() != target.keys():  # new_model's memory holds no values until each tensor is copied
+    if state.keys() != target.keys():  # new_model's memory holds NaN until each tensor is copied
         raise FormatError(f"the blobs {sorted(state)} are not the model's tensors {sorted(target)}")
     for key, array in state.items():
         np.copyto(target[key].numpy(), array[:, ::-1] if key == "features.conv1.weight" else array)

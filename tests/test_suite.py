@@ -208,18 +208,25 @@ def test_shares(shared, i):
 '''
 
 
+def suite_probe(tmp_path, probe: str, ini: str = "") -> dict:
+    """A folder whose test_probe.py runs under the suite's own conftest, loaded as a conftest is (after the
+    plugins: its pytest_cmdline_main runs before xdist's, which reads the worker count it sets), its
+    temporary folders under tmp_path; the environment to run pytest there with (ALEXNET_PROBE_LOG: a file
+    the probe may write)."""
+    from tests.conftest import REPO
+    (tmp_path / "test_probe.py").write_text(probe)
+    (tmp_path / "pytest.ini").write_text("[pytest]\ntestpaths = test_probe.py\n" + ini)
+    (tmp_path / "conftest.py").write_text("from tests.conftest import *  # noqa: F403\n")
+    return {**os.environ, "ALEXNET_PROBE_LOG": str(tmp_path / "log.txt"), "PYTHONPATH": str(REPO),
+            "PYTEST_DEBUG_TEMPROOT": str(tmp_path)}
+
+
 @pytest.mark.processes
 def test_under_xdist_the_tests_of_a_module_fixture_run_on_one_worker_that_makes_it_once(tmp_path):
     """What `make test` runs (`pytest` with no paths: conftest chooses the workers and the grouping), on a
     module whose tests share a module-scoped fixture: one worker runs them all and makes it once."""
-    (tmp_path / "test_probe.py").write_text(PROBE)
-    (tmp_path / "pytest.ini").write_text("[pytest]\ntestpaths = test_probe.py\n")
-    # the suite's own conftest, loaded as a conftest is (after the plugins: its pytest_cmdline_main runs
-    # before xdist's, which reads the worker count it sets)
-    (tmp_path / "conftest.py").write_text("from tests.conftest import *  # noqa: F403\n")
+    env = suite_probe(tmp_path, PROBE)
     log = tmp_path / "log.txt"
-    from tests.conftest import REPO
-    env = {**os.environ, "ALEXNET_PROBE_LOG": str(log), "PYTHONPATH": str(REPO), "PYTEST_DEBUG_TEMPROOT": str(tmp_path)}
     r = children.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider"], cpu_s=120, cwd=tmp_path, env=env)
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
     lines = log.read_text().split()
@@ -420,12 +427,8 @@ def test_a_runs_end_still_reports_its_garbage_and_the_teardown_skips_the_frozen_
     """The end of a run under xdist: pytest's last check (five garbage collections) still finds what a
     test's garbage raises, and only then is the heap frozen, so the interpreter's teardown does not walk it
     again (tests/conftest.py's pytest_unconfigure)."""
-    from tests.conftest import REPO
-    (tmp_path / "test_probe.py").write_text(END_PROBE)
-    (tmp_path / "pytest.ini").write_text("[pytest]\ntestpaths = test_probe.py\n")
-    (tmp_path / "conftest.py").write_text("from tests.conftest import *  # noqa: F403\n")
+    env = suite_probe(tmp_path, END_PROBE)
     log = tmp_path / "log.txt"
-    env = {**os.environ, "ALEXNET_PROBE_LOG": str(log), "PYTHONPATH": str(REPO), "PYTEST_DEBUG_TEMPROOT": str(tmp_path)}
     r = children.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider"], cpu_s=120, cwd=tmp_path,
                      env=env)
     assert r.returncode == 0 and "bringing up nodes" in r.stdout, r.stdout[-2000:] + r.stderr[-2000:]
@@ -471,12 +474,8 @@ def test_an_earlier_runs_folder_is_removed_while_the_next_run_is_on(tmp_path, wo
     """pytest removes the folders of earlier runs when a run ends (all but tmp_path_retention_count of
     them); conftest does the same while the tests run. The earlier folder goes during the second run, its
     own stays, and a folder whose run still holds its lock is left alone."""
-    from tests.conftest import REPO
-    (tmp_path / "test_probe.py").write_text(REMOVAL_PROBE)
-    (tmp_path / "pytest.ini").write_text("[pytest]\ntestpaths = test_probe.py\ntmp_path_retention_count = 1\n")
-    (tmp_path / "conftest.py").write_text("from tests.conftest import *  # noqa: F403\n")
+    env = suite_probe(tmp_path, REMOVAL_PROBE, "tmp_path_retention_count = 1\n")
     root = tmp_path / f"pytest-of-{getpass.getuser()}"
-    env = {**os.environ, "PYTHONPATH": str(REPO), "PYTEST_DEBUG_TEMPROOT": str(tmp_path)}
     command = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", workers]
 
     def run(earlier: str) -> None:

@@ -132,7 +132,7 @@ def new_model(arch: str, num_classes: int, width: float, crop: int, dropout: flo
     device, NaN in its floating tensors instead of initial values, which were overwritten (drawing them was
     half of loading a full-size file on a CPU): a reader that missed a tensor gives NaN, which evaluation
     refuses, not plausible numbers; on the meta device where that is the default (a check of shapes)."""
-    with torch.random.fork_rng(devices=[]), torch.device("meta"):  # the caller's RNG is left alone
+    with torch.device("meta"):  # nothing is drawn there: the caller's RNG is left alone
         model = build_model(arch, num_classes, width, dropout, crop, init="torch", dropout_style=dropout_style,
                             lrn=lrn)
     unset = sorted({name for name, _ in model.named_buffers()} - set(model.state_dict()))

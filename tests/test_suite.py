@@ -417,8 +417,13 @@ def test_leaves_garbage_for_the_end():
     garbage = Raises()
     garbage.itself = garbage
     del garbage
+    KEPT.extend([i] for i in range(1000))  # made by the run, after the collection was frozen
+    frozen = gc.get_freeze_count()
     # atexit runs the last registered first: this runs after what conftest registered when the run ended
-    atexit.register(lambda: open(os.environ["ALEXNET_PROBE_LOG"], "w").write(str(gc.get_freeze_count() > 0)))
+    atexit.register(lambda: open(os.environ["ALEXNET_PROBE_LOG"], "w").write(
+        str(gc.get_freeze_count() >= frozen + 1000)))
+
+KEPT = []
 '''
 
 

@@ -54,7 +54,7 @@ def test_file_then_overrides(tmp_path):
     ("train: {nesterov: 1}\n", "train.nesterov must be bool"),
     ("train: {lr_steps: 5}\n", "train.lr_steps must be a list"),
     ("train: {lr_steps: [a]}\n", "train.lr_steps[0] must be int"),
-    ("train: 3\n", "train must be a mapping"),
+    ("train: 3\n", "train must be a mapping of keys, got 3"),
     ("- 1\n", "top level must be a mapping"),
 ])
 def test_bad_files_name_the_key(tmp_path, text, expect):

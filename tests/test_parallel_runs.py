@@ -193,13 +193,21 @@ def state_rel_diff(a: Path, b: Path) -> float:
     return worst
 
 
-@pytest.mark.parametrize("layout", ["2 replicas, gradients", "1 replica, 2 slices", "columns M=2", "fc M=2"])
+# lr 2 magnifies float32's rounding over the 6 steps, and by how much depends on the CPU's kernels: fc's layers
+# computed as halves and gathered differ from one process by 3.6e-5 on an AVX-512 Xeon (2026-11-29; under
+# 1e-5 on the VM before it), the others by 0.9-1.1e-6 on both. A per-shard trust ratio (the model group's norm
+# reduction left out) differs by 0.17 (columns) and 0.50 (fc); the math itself is held to 1e-6 in float64 on
+# the simulator (tests/test_parallel_math.py, "LARS, fc M=2").
+LARS_FLOAT32 = {"2 replicas, gradients": 1e-5, "1 replica, 2 slices": 1e-5, "columns M=2": 1e-5, "fc M=2": 3e-4}
+
+
+@pytest.mark.parametrize("layout", LARS_FLOAT32)
 def test_lars_layouts_equal_one_process(train_data, tmp_path, single, layout):
     """The trust ratio is the global batch's (after the all-reduce and every micro-batch) and a sharded
     layer's is the whole layer's: every layout == one process with the global batch of 16. (The hybrids, in
     float64 where lr 2's magnified rounding stays far below the tolerance: tests/test_parallel_math.py.)"""
     sim_train(train_data, tmp_path / "run", **LARS, **LAYOUTS[layout])
-    assert state_rel_diff(tmp_path / "run", single(**LARS, **{"train.batch_size": 16})) <= 1e-5
+    assert state_rel_diff(tmp_path / "run", single(**LARS, **{"train.batch_size": 16})) <= LARS_FLOAT32[layout]
 
 
 def test_lamb_fc_resumes_a_single_process_checkpoint(train_data, tmp_path, single):

@@ -15,6 +15,19 @@ VENV ?= .venv
 PYTHON ?= $(VENV)/bin/python
 CONSTRAINTS ?= constraints.txt
 PIN = $(if $(CONSTRAINTS),-c $(CONSTRAINTS),)
+# pip takes 3.5 s to find everything already there. In the project's .venv each install leaves a record
+# inside it, named by the set and the pins, and runs again only when a file it read is newer than that
+# record (deleting .venv deletes the records; a fresh clone, as CI's, has none). Another interpreter
+# (PYTHON=...) is asked every time.
+RUN_REQS = requirements.txt $(CONSTRAINTS)
+DEV_REQS = $(RUN_REQS) requirements-test.txt requirements-dev.txt
+record = $(if $(filter $(VENV)/bin/python,$(PYTHON)),$(VENV)/installed-$(1)$(if $(CONSTRAINTS),-$(subst /,_,$(CONSTRAINTS)),))
+# $(call pip_once,SET,REQUIREMENTS FILE,THE FILES IT READS)
+pip_once = r='$(call record,$(1))'; \
+	if [ -n "$$r" ] && [ -e "$$r" ] && [ -z "$$(find $(3) -newer "$$r")" ]; then \
+		echo "make: $(2) installed (as recorded in $$r)"; \
+	else echo "$(PYTHON) -m pip install -q -r $(2) $(PIN)"; $(PYTHON) -m pip install -q -r $(2) $(PIN) && \
+		{ [ -z "$$r" ] || touch "$$r"; }; fi
 # gpu-check, gpu-bench, test-gpu: the machine's own Python, with nothing installed.
 GPU_PYTHON ?= python3
 DEMO   ?= demo
@@ -44,7 +57,7 @@ setup:
 		python3 -m venv --system-site-packages $(VENV) || { rm -rf $(VENV); \
 		echo "make: python3 -m venv failed. On Debian/Ubuntu: sudo apt install python3-venv; or activate any virtual environment (or conda env) and run make again." >&2; exit 1; }; \
 	fi
-	$(PYTHON) -m pip install -q -r requirements.txt $(PIN)
+	@$(call pip_once,run,requirements.txt,$(RUN_REQS))
 
 # The suite's runner, its oracles and the developer tools it runs (requirements-dev.txt, which includes
 # requirements-test.txt) are installed too, and an oracle test that skips fails the run: CI must compare with
@@ -55,7 +68,7 @@ setup:
 COMPILE = $(PYTHON) -m compileall -q alexnet data layers scripts tools tests train.py
 
 test: setup
-	$(PYTHON) -m pip install -q -r requirements-dev.txt $(PIN)
+	@$(call pip_once,dev,requirements-dev.txt,$(DEV_REQS))
 	$(COMPILE)
 	ALEXNET_ORACLES_REQUIRED=1 $(PYTHON) -m pytest -q
 
@@ -64,7 +77,7 @@ test: setup
 # There Hypothesis draws a fifth of its examples and a test of named layouts runs a cover of them (every
 # setting any of them takes, conftest.tier_cases); make test runs them all.
 test-fast: setup
-	$(PYTHON) -m pip install -q -r requirements-dev.txt $(PIN)
+	@$(call pip_once,dev,requirements-dev.txt,$(DEV_REQS))
 	$(COMPILE)
 	ALEXNET_FAST_TIER=1 $(PYTHON) -m pytest -q -m "not processes and not slow"
 
@@ -139,7 +152,7 @@ mutants-parallel:
 	$(MAKE) mutants MUTATE='$(MUTATE_PARALLEL)'
 
 mutants: setup
-	$(PYTHON) -m pip install -q -r requirements-dev.txt $(PIN)
+	@$(call pip_once,dev,requirements-dev.txt,$(DEV_REQS))
 	rm -rf mutants
 	OMP_NUM_THREADS=1 $(MUTMUT) run --max-children 4 $(foreach m,$(MUTATE),'$(m)')
 	$(MUTMUT) results --all true | $(PYTHON) tools/mutmut_table.py $(foreach m,$(MUTATE),'$(m)')

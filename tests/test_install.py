@@ -41,6 +41,11 @@ def _make_n(target: str, env: dict, *args: str) -> str:
     return r.stdout
 
 
+def _pip_commands(commands: str) -> list[str]:
+    """The pip installs in `make -n`'s output (each inside the shell test of its record, and echoed)."""
+    return re.findall(r"(?<![\w\"/.-])([\w./-]+ -m pip install -q -r [\w.-]+(?: -c [\w./-]+)?)", commands)
+
+
 def _environment(tmp_path: Path) -> tuple[Path, dict]:
     """A virtual environment that holds other versions (torch 0.0.1, as pip records a distribution), made
     active the way `source activate` and conda do it."""
@@ -67,14 +72,15 @@ def test_make_installs_into_its_own_venv_with_the_constraints_whatever_is_active
     active, env = _environment(tmp_path)
     for target in ("demo", "test", "test-fast", "mutants"):
         commands = _make_n(target, env)
-        installs = [line for line in commands.splitlines() if "pip install" in line]
-        assert installs and str(active) not in commands, commands
+        installs = _pip_commands(commands)
+        assert len(installs) == (1 if target == "demo" else 2) and str(active) not in commands, commands
         assert all(line.startswith(".venv/bin/python -m pip install") and line.endswith("-c constraints.txt")
                    for line in installs), installs
     ranges = _make_n("demo", env, "CONSTRAINTS=")  # a node with its own torch: the ranges alone
-    assert "-r requirements.txt" in ranges and "constraints" not in ranges
+    assert _pip_commands(ranges) == [".venv/bin/python -m pip install -q -r requirements.txt"], ranges
     chosen = _make_n("test", env, f"PYTHON={sys.executable}")  # asked for: that interpreter
-    assert f"{sys.executable} -m pip install" in chosen
+    assert _pip_commands(chosen) == [f"{sys.executable} -m pip install -q -r {f} -c constraints.txt"
+                                     for f in ("requirements.txt", "requirements-dev.txt")], chosen
 
 
 @pytest.mark.processes

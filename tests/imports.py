@@ -7,6 +7,8 @@ import ast
 import functools
 from pathlib import Path
 
+import pytest
+
 from tests.conftest import REPO
 
 
@@ -52,9 +54,26 @@ def mentioning(word: str, repo: Path = REPO) -> dict[Path, ast.Module]:
 
 
 def parsed(path: Path) -> ast.Module:
-    """`path` parsed, once per version of the file (a planted file is parsed anew)."""
+    """`path` parsed, once per version of the file (a planted file is parsed anew). In mutmut's copy of a
+    module the calling test skips: there every mutant of a function is a function of its own beside the
+    original, so a walk of the text judges them all at once and says nothing of the one mutant under test
+    (whose tests are those that run it)."""
     stat = path.stat()
-    return _parsed(path, stat.st_mtime_ns, stat.st_size)
+    tree = _parsed(path, stat.st_mtime_ns, stat.st_size)
+    if _is_mutmut_copy(path, stat.st_mtime_ns, stat.st_size):
+        pytest.skip(f"{path} is mutmut's copy of the module (a walk of its text would judge every mutant at once)")
+    return tree
+
+
+_DEFS = (ast.FunctionDef, ast.AsyncFunctionDef)
+
+
+@functools.cache
+def _is_mutmut_copy(path: Path, mtime_ns: int, size: int) -> bool:
+    """Whether a module or class defines mutmut's `*__mutmut_orig` (the original beside its mutants)."""
+    body = _parsed(path, mtime_ns, size).body
+    members = [*body, *(m for c in body if isinstance(c, ast.ClassDef) for m in c.body)]
+    return any(isinstance(n, _DEFS) and n.name.endswith("__mutmut_orig") for n in members)
 
 
 @functools.cache

@@ -19,6 +19,7 @@ import pytest
 
 from data.procs import in_threads, stops_between_calls
 from tests.conftest import REPO
+from tests.imports import parsed
 
 # Modules that make a pool and need not, with the reason.
 EXEMPT = {
@@ -34,7 +35,7 @@ def pools_without_stops(root: Path = REPO) -> list[str]:
     bad = []
     for path in (f for f in files if f.is_file()):
         called = {n.func.attr if isinstance(n.func, ast.Attribute) else getattr(n.func, "id", "")
-                  for n in ast.walk(ast.parse(path.read_text(), str(path))) if isinstance(n, ast.Call)}
+                  for n in ast.walk(parsed(path)) if isinstance(n, ast.Call)}
         name = path.relative_to(root).as_posix()
         if any(c.endswith("PoolExecutor") for c in called) and "stops_between_calls" not in called \
                 and name not in EXEMPT:

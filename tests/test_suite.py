@@ -457,6 +457,29 @@ def test_the_cached_parse_trees_are_let_go_before_pytests_last_check(monkeypatch
     assert stand_in._parsed.cache_info().currsize == stand_in._parsed_imports.cache_info().currsize == 0
 
 
+
+def test_a_source_walk_skips_in_mutmuts_copy_of_a_module(tmp_path):
+    """In mutants/ each mutant of a function is a function of its own beside the original: a walk there (of
+    the processes the tools start, of the pools) saw the mutants' bare starts and failed mutmut's first run
+    of every test, so `make mutants` ran none. The walks' parser skips such a file, and only such a file."""
+    from tests.imports import parsed
+    copy = tmp_path / "launch.py"
+    copy.write_text("def f():\n    return 1\n\n\ndef x_f__mutmut_orig():\n    return 1\n\n\n"
+                    "def x_f__mutmut_1():\n    return 2\n")
+    with pytest.raises(pytest.skip.Exception, match="mutmut's copy"):
+        parsed(copy)
+    method = tmp_path / "heartbeat.py"
+    method.write_text("class Heartbeat:\n    def xǁHeartbeatǁbeat__mutmut_orig(self):\n        pass\n")
+    with pytest.raises(pytest.skip.Exception):
+        parsed(method)
+    plain = tmp_path / "table.py"  # the name in a string or a call (tools/mutmut_table.py) is not a copy
+    plain.write_text("NAME = 'x_f__mutmut_orig'\nprint(NAME.endswith('__mutmut_orig'))\n")
+    try:
+        assert parsed(plain).body
+    except pytest.skip.Exception as skipped:  # a skip here would end this test as skipped, not failed
+        pytest.fail(f"a plain module was taken for mutmut's copy: {skipped}")
+
+
 REMOVAL_PROBE = '''
 import os, time
 from pathlib import Path

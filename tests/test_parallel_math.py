@@ -687,6 +687,17 @@ def test_make_segment_never_takes_an_existing_file_and_leaves_nothing_when_it_fa
     assert type(e.value) is OSError and list(tmp_path.iterdir()) == [path]
 
 
+@pytest.mark.parametrize("has_dev_shm", [True, False])
+def test_the_segments_live_in_dev_shm_where_the_machine_has_it_else_in_tmp(monkeypatch, has_dev_shm):
+    """/dev/shm is memory; /tmp may be a disk, which would write the exchange's pages back to it."""
+    from pathlib import Path
+
+    from alexnet import exchange
+    real = Path.is_dir
+    monkeypatch.setattr(Path, "is_dir", lambda self: has_dev_shm if str(self) == "/dev/shm" else real(self))
+    assert str(exchange.shm_folder()) == ("/dev/shm" if has_dev_shm else "/tmp")
+
+
 def test_a_replica_failing_as_it_shares_unlinks_its_buffers(shm, monkeypatch):
     """A failure after the buffers were made (here, mapping a peer's) unlinks this replica's own at once."""
     from alexnet.exchange import IpcAverage

@@ -260,6 +260,50 @@ def test_one_replica_stopped_while_starting_ends_the_run_without_waiting_for_the
     assert err == "train.py: interrupted by SIGTERM while the replicas started; nothing was done\n"
 
 
+class StopsAfter(FakeProc):
+    """Once signalled, ends with 128 + N after `polls` more polls (a replica finishing its step and its
+    checkpoint first)."""
+
+    def __init__(self, pid: int, polls: int):
+        super().__init__(pid)
+        self.polls, self.ending = polls, None
+
+    def poll(self):
+        if self.ending is not None and self.code is None:
+            self.polls -= 1
+            if self.polls <= 0:
+                self.code = 128 + self.ending
+        return self.code
+
+    def send_signal(self, signum):
+        super().send_signal(signum)
+        self.ending = signum
+
+
+@pytest.mark.parametrize("began", [True, False])
+def test_a_forwarded_stop_ends_the_watch_when_the_replicas_end(capsys, began):
+    """Once a replica reported progress, one that ends on the forwarded signal does not end the run: the
+    others are finishing their own stop (the agreed step's checkpoint) and are waited for, and the run
+    began, so no line says nothing was done. Before any progress the first to end on it ends the watch
+    (the others would wait for it in the rendezvous), but only once one has: not as soon as the signal
+    was passed on."""
+    lau = launcher([None, None])
+    lau.procs = [StopsAfter(1000, polls=2), StopsAfter(1001, polls=6)]
+    for rank in (0, 1):
+        send(lau, rank, 0, launch._LISTENING)
+        if began:
+            send(lau, rank, 1, launch._PROGRESS)
+    lau._read_heartbeats(0)
+    lau._forward(signal.SIGTERM, None)
+    code, err = _watch(lau, capsys)
+    assert code == 143 and lau.procs[0].code == 143
+    if began:
+        assert lau.procs[1].code == 143 and err == ""
+    else:
+        assert lau.procs[1].code is None  # not waited for: the launcher's end kills it
+        assert err == "train.py: interrupted by SIGTERM while the replicas started; nothing was done\n"
+
+
 def test_the_watch_sends_a_signal_still_pending_for_a_replica_that_never_listens(monkeypatch, capsys):
     """The launcher's own loop passes the pending signal on (after UNHEARD_FORWARD_S): the run ends with
     128 + N and one line, since no replica had begun."""

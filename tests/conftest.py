@@ -6,6 +6,7 @@ import contextlib
 import dataclasses
 import json
 import os
+import platform
 import shutil
 import signal
 import subprocess
@@ -388,6 +389,12 @@ def _group_by_module_fixtures(items) -> None:
     for item, key in zip(items, keys):
         if key is not None:
             item.add_marker(pytest.mark.xdist_group(":".join(root(key))))
+
+
+# The interpreter's own probe: the first platform.processor() of a process runs `uname -p` (Python 3.11), and
+# h5py's import asks for it, so the test that first imported h5py "started a process" (a file run alone failed
+# where the whole suite, which had imported it earlier, passed). Asked once here, before any test; cached.
+platform.processor()
 
 
 # `make test-fast` (-m "not processes and not slow") leaves out the tests that start processes: a test without

@@ -480,6 +480,17 @@ def test_a_source_walk_skips_in_mutmuts_copy_of_a_module(tmp_path):
         pytest.fail(f"a plain module was taken for mutmut's copy: {skipped}")
 
 
+@pytest.mark.processes
+def test_a_test_that_first_imports_h5py_starts_no_process(tmp_path):
+    """h5py's first import asks platform for the processor, which runs `uname -p` once per process: under
+    the guard against unmarked process starts, the test that happened to import h5py first failed (this
+    file run alone did, the whole suite did not). A probe run under the suite's conftest."""
+    env = suite_probe(tmp_path, "def test_imports_h5py():\n    import h5py  # noqa: F401\n")
+    r = children.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "no:xdist"],
+                     cpu_s=120, cwd=tmp_path, env=env)
+    assert r.returncode == 0 and "1 passed" in r.stdout, r.stdout[-2000:] + r.stderr[-2000:]
+
+
 REMOVAL_PROBE = '''
 import os, time
 from pathlib import Path

@@ -457,7 +457,6 @@ def test_the_cached_parse_trees_are_let_go_before_pytests_last_check(monkeypatch
     assert stand_in._parsed.cache_info().currsize == stand_in._parsed_imports.cache_info().currsize == 0
 
 
-
 def test_a_source_walk_skips_in_mutmuts_copy_of_a_module(tmp_path):
     """In mutants/ each mutant of a function is a function of its own beside the original: a walk there (of
     the processes the tools start, of the pools) saw the mutants' bare starts and failed mutmut's first run
